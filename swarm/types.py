@@ -1,0 +1,162 @@
+"""Plain data types shared by every package: layer ranges, peer records, swarm snapshots, routes.
+
+Nothing here does I/O or imports torch, so `routing/` can use these types in pure functions.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True, order=True)
+class LayerRange:
+    """A half-open range of transformer layers `[start, end)`."""
+
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.start, int) and isinstance(self.end, int)):
+            raise TypeError(f"LayerRange bounds must be integers, got {self.start!r}:{self.end!r}")
+        if self.start < 0 or self.end <= self.start:
+            raise ValueError(
+                f"invalid layer range {self.start}:{self.end}: need 0 <= start < end (e.g. 0:12)"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> LayerRange:
+        """Parse "START:END" (half-open), e.g. "0:20"."""
+        parts = text.strip().split(":")
+        if len(parts) != 2 or not all(p.strip().lstrip("-").isdigit() for p in parts):
+            raise ValueError(f"cannot parse layer range {text!r}: expected START:END such as 0:20")
+        return cls(int(parts[0]), int(parts[1]))
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def __contains__(self, layer: object) -> bool:
+        return isinstance(layer, int) and self.start <= layer < self.end
+
+    def covers(self, other: LayerRange) -> bool:
+        return self.start <= other.start and other.end <= self.end
+
+    def __str__(self) -> str:
+        return f"{self.start}:{self.end}"
+
+
+class PeerState(str, enum.Enum):
+    """Lifecycle of a peer's announcement; a str enum so it survives msgpack as plain text."""
+
+    JOINING = "joining"
+    ONLINE = "online"
+    OFFLINE = "offline"
+
+
+@dataclass(frozen=True)
+class PeerRecord:
+    """What a peer announces on the DHT for one model.
+
+    `throughput` is in tokens per second for one decode token through ALL served layers,
+    so the per-layer cost of a hop taking k of those layers is k / (len(layers) * throughput)
+    seconds per token. Records tolerate unknown fields in both directions (see `from_dict`).
+    """
+
+    peer_id: str
+    model: str
+    layers: LayerRange
+    state: PeerState = PeerState.ONLINE
+    throughput: float = 1.0
+    free_pages: int = 0
+    total_pages: int = 0
+    page_size: int = 16
+    dtype: str = "float32"
+    quant: str = "none"
+    version: str = ""
+    protocol: int = PROTOCOL_VERSION
+    public_name: str = ""
+    fingerprint: str = ""
+    addrs: tuple[str, ...] = ()
+    num_layers: int = 0  # the model's total layer count, so a view knows n without the checkpoint
+    updated: float = 0.0  # wall-clock time of the announcement, for display
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, LayerRange):
+                value = [value.start, value.end]
+            elif isinstance(value, PeerState):
+                value = value.value
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PeerRecord:
+        """Build a record from untrusted data: unknown keys are ignored, bad values raise ValueError."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"peer record must be a map, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
+        try:
+            layers = kwargs["layers"]
+            kwargs["layers"] = LayerRange(int(layers[0]), int(layers[1]))
+            kwargs["state"] = PeerState(kwargs.get("state", PeerState.ONLINE.value))
+            kwargs["addrs"] = tuple(str(a) for a in kwargs.get("addrs", ()))
+            for name in ("throughput", "updated"):
+                if name in kwargs:
+                    kwargs[name] = float(kwargs[name])
+                    if not math.isfinite(kwargs[name]):
+                        raise ValueError(f"{name} is not finite")
+            for name in ("free_pages", "total_pages", "page_size", "protocol", "num_layers"):
+                if name in kwargs:
+                    kwargs[name] = int(kwargs[name])
+            for name in ("peer_id", "model", "dtype", "quant", "version", "public_name", "fingerprint"):
+                if name in kwargs and not isinstance(kwargs[name], str):
+                    raise ValueError(f"{name} must be a string")
+            return cls(**kwargs)
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            raise ValueError(f"malformed peer record: {e}") from e
+
+
+@dataclass(frozen=True)
+class SwarmView:
+    """An immutable snapshot of who serves which layers of one model.
+
+    `rtt` maps peer id -> measured round-trip time in seconds, where the viewer measured it.
+    """
+
+    model: str
+    num_layers: int
+    records: Mapping[str, PeerRecord] = field(default_factory=dict)
+    rtt: Mapping[str, float] = field(default_factory=dict)
+
+    def online(self) -> list[PeerRecord]:
+        return [r for r in self.records.values() if r.state is PeerState.ONLINE]
+
+    def peers_serving(self, layer: int) -> list[PeerRecord]:
+        return [r for r in self.online() if layer in r.layers]
+
+    def uncovered_layers(self) -> list[int]:
+        covered = [False] * self.num_layers
+        for r in self.online():
+            for layer in range(r.layers.start, min(r.layers.end, self.num_layers)):
+                covered[layer] = True
+        return [i for i, ok in enumerate(covered) if not ok]
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One step of a route: send hidden states of layers `layers` to peer `peer_id`."""
+
+    peer_id: str
+    layers: LayerRange
+
+
+Route = tuple[Hop, ...]

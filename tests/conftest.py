@@ -1,0 +1,5 @@
+"""Shared pytest fixtures: tiny checkpoints, the demo model, and process cleanup.
+
+Fixtures that start processes live in `tests/swarm_fixtures.py`; model builders in
+`tests/tiny_models.py`. Every process a fixture starts is stopped by its pid at teardown.
+"""
