@@ -1,0 +1,57 @@
+"""swarm: the network layer of layerswarm — DHT records, wire codec, stream framing.
+
+Files and the concept each one owns:
+  types.py       plain data: LayerRange, PeerState, PeerRecord, SwarmView, Hop, Route (no I/O, no torch)
+  errors.py      ProtocolError (+ FrameTooLarge), ConnectionClosed, RemoteError
+  framing.py     read_frame / write_frame: 4-byte big-endian length + payload over asyncio streams
+  codec.py       Limits, encode_message / decode_message (msgpack), encode_tensor / decode_tensor
+  messages.py    PROTOCOL_NAME, message type constants, ERROR_CODES, require_* field validators
+  connection.py  PeerStream (send / recv / request / close), open_stream, serve_stream, handler_stream
+  dht.py         SwarmNode: hivemind.DHT wrapper — announce, fetch_view, list_models, identity files
+
+The protocol itself (messages, limits, error codes, DHT keys, push design) is in docs/protocol.md.
+`types` is importable without torch or hivemind; the other modules import them lazily via this
+package only when their names are used, so `routing/` can depend on `swarm.types` cheaply.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from swarm.types import PROTOCOL_VERSION, Hop, LayerRange, PeerRecord, PeerState, Route, SwarmView
+
+# name -> module that defines it; loaded on first use (PEP 562) so importing swarm.types
+# (or this package for its plain types) does not pull in torch, msgpack or hivemind.
+_LAZY = {
+    "ProtocolError": "swarm.errors",
+    "FrameTooLarge": "swarm.errors",
+    "ConnectionClosed": "swarm.errors",
+    "RemoteError": "swarm.errors",
+    "read_frame": "swarm.framing",
+    "write_frame": "swarm.framing",
+    "Limits": "swarm.codec",
+    "encode_message": "swarm.codec",
+    "decode_message": "swarm.codec",
+    "encode_tensor": "swarm.codec",
+    "decode_tensor": "swarm.codec",
+    "PROTOCOL_NAME": "swarm.messages",
+    "ERROR_CODES": "swarm.messages",
+    "PeerStream": "swarm.connection",
+    "open_stream": "swarm.connection",
+    "serve_stream": "swarm.connection",
+    "handler_stream": "swarm.connection",
+    "SwarmNode": "swarm.dht",
+}
+
+__all__ = ["PROTOCOL_VERSION", "Hop", "LayerRange", "PeerRecord", "PeerState", "Route", "SwarmView", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'swarm' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

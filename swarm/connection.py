@@ -1,0 +1,134 @@
+"""One protocol stream between two peers: send/recv whole messages, serve a handler.
+
+A `PeerStream` wraps the (reader, writer) pair of a libp2p binary stream. Both sides use
+it: the caller gets one from `open_stream`, a handler builds one from its arguments.
+All methods must run on the event loop that owns the P2P object that made the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import suppress
+from typing import Any, AsyncIterator
+
+from swarm.codec import Limits, decode_message, encode_message
+from swarm.errors import ConnectionClosed, FrameTooLarge, ProtocolError, RemoteError
+from swarm.framing import read_frame, write_frame
+from swarm.messages import ERROR, PROTOCOL_NAME
+
+logger = logging.getLogger(__name__)
+
+
+class PeerStream:
+    """Message-level view of one stream. One reader task at a time; any number of senders."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        limits: Limits,
+        remote_peer_id: str = "",
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.limits = limits
+        self.remote_peer_id = remote_peer_id
+        self._broken: str | None = None  # why the stream can no longer be read in sync
+
+    @property
+    def closed(self) -> bool:
+        return self._broken is not None
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        if self._broken is not None:
+            raise ConnectionClosed(f"stream to {self.remote_peer_id} unusable: {self._broken}", clean=False)
+        await write_frame(self.writer, encode_message(msg))
+
+    async def send_error(self, error: ProtocolError) -> None:
+        await self.send(error.to_message())
+
+    async def recv_raw(self, timeout: float | None = None) -> dict[str, Any]:
+        """Next message, including `error` frames as plain dicts."""
+        if self._broken is not None:
+            raise ConnectionClosed(f"stream to {self.remote_peer_id} unusable: {self._broken}", clean=False)
+        try:
+            payload = await asyncio.wait_for(read_frame(self.reader, self.limits.max_frame_bytes), timeout)
+        except asyncio.TimeoutError:
+            # A read cancelled mid-frame leaves the stream at an unknown offset: never read it again.
+            self._broken = f"timed out after {timeout} s"
+            raise
+        except FrameTooLarge:
+            self._broken = "peer sent a frame above our limit"  # its payload is still in the pipe
+            raise
+        except ConnectionClosed as e:
+            self._broken = str(e)
+            raise
+        return decode_message(payload, self.limits)
+
+    async def recv(self, timeout: float | None = None) -> dict[str, Any]:
+        """Next message; an `error` frame from the remote side is raised as RemoteError."""
+        msg = await self.recv_raw(timeout)
+        if msg["type"] == ERROR:
+            raise RemoteError(
+                str(msg.get("code", "unknown")),
+                str(msg.get("message", "")),
+                bool(msg.get("retryable", False)),
+                peer_id=self.remote_peer_id,
+            )
+        return msg
+
+    async def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """send + recv, for strictly one-reply-per-request exchanges."""
+        await self.send(msg)
+        return await self.recv(timeout)
+
+    async def close(self) -> None:
+        self._broken = self._broken or "closed locally"
+        self.writer.close()
+        with suppress(Exception):
+            await self.writer.wait_closed()
+
+
+async def open_stream(p2p: Any, peer_id: str, limits: Limits, name: str = PROTOCOL_NAME) -> PeerStream:
+    """Open a `layerswarm/v1` stream to `peer_id` (base58) through a hivemind P2P object."""
+    from hivemind.p2p import PeerID  # local import: only callers that open streams need hivemind
+
+    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
+    return PeerStream(reader, writer, limits, remote_peer_id=peer_id)
+
+
+async def serve_stream(stream: PeerStream) -> AsyncIterator[dict[str, Any]]:
+    """Yield well-formed messages from a handler's stream until the remote side closes it.
+
+    Malformed frames (bad msgpack, missing "type") are answered with an `error` frame and
+    serving goes on: the frame boundary is intact. A frame above the limit or a frame cut
+    short cannot be skipped safely, so those are answered (when possible) and end the stream.
+    """
+    while True:
+        try:
+            msg = await stream.recv_raw()
+        except FrameTooLarge as e:
+            with suppress(ConnectionError):
+                await write_frame(stream.writer, encode_message(e.to_message()))
+            return
+        except ConnectionClosed as e:
+            if not e.clean:
+                logger.debug(f"stream from {stream.remote_peer_id} ended mid-frame: {e}")
+            return
+        except ProtocolError as e:
+            logger.debug(f"bad frame from {stream.remote_peer_id}: {e}")
+            try:
+                await stream.send_error(e)
+            except ConnectionError:
+                return
+            continue
+        except ConnectionError:  # reset by the remote side
+            return
+        yield msg
+
+
+def handler_stream(stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limits: Limits) -> PeerStream:
+    """Build the PeerStream for a hivemind binary stream handler's arguments."""
+    peer_id = getattr(stream_info, "peer_id", None)
+    return PeerStream(reader, writer, limits, remote_peer_id=str(peer_id) if peer_id is not None else "")

@@ -1,0 +1,176 @@
+"""`SwarmNode`: a thin synchronous wrapper over hivemind.DHT for announcing and finding peers.
+
+DHT key layout (documented in docs/protocol.md):
+  layerswarm/v1/model/{model}   subkey = peer id (base58)   value = PeerRecord.to_dict()
+  layerswarm/v1/models          subkey = model name         value = {"num_layers": int}
+Every value expires at announce time + ttl, so peers that stop announcing vanish.
+
+hivemind runs the DHT in a child process (which owns the p2pd daemon); calls here block
+on a pipe to it. From async code use the `*_async` variants so the event loop keeps running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable, Mapping
+
+import hivemind
+from hivemind.utils import get_dht_time
+from hivemind.p2p import P2P
+
+from swarm.types import PeerRecord, SwarmView
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "layerswarm/v1"
+MODELS_KEY = f"{KEY_PREFIX}/models"
+
+
+def model_key(model: str) -> str:
+    return f"{KEY_PREFIX}/model/{model}"
+
+
+def ensure_identity(path: str) -> None:
+    """Create a libp2p private key at `path` (mode 0600) unless one exists, so the peer id survives restarts."""
+    if os.path.exists(path):
+        return
+    P2P.generate_identity(path)  # hivemind's own format (protobuf RSA key), chmods it 0400
+    os.chmod(path, 0o600)  # owner may rewrite it later (e.g. rotate); still private
+
+
+class SwarmNode:
+    """One DHT participant. `client_mode=True` nodes can read and write but are not reachable."""
+
+    def __init__(
+        self,
+        initial_peers: Iterable[str] = (),
+        host_maddrs: Iterable[str] = ("/ip4/127.0.0.1/tcp/0",),
+        identity_path: str | None = None,
+        client_mode: bool = False,
+        start_timeout: float = 30,
+    ) -> None:
+        kwargs: dict[str, Any] = {}
+        if identity_path is not None:
+            ensure_identity(identity_path)
+            kwargs["identity_path"] = identity_path
+        self.dht = hivemind.DHT(
+            initial_peers=list(initial_peers),
+            host_maddrs=list(host_maddrs),
+            client_mode=client_mode,
+            start=False,
+            **kwargs,
+        )
+        try:
+            self.dht.run_in_background(await_ready=True, timeout=start_timeout)
+        except BaseException:
+            self.dht.shutdown()
+            raise
+        self.peer_id: str = self.dht.peer_id.to_base58()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def visible_maddrs(self) -> list[str]:
+        """Multiaddrs other nodes can use as initial_peers, each ending in /p2p/<peer id>."""
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    async def replicate_p2p(self) -> P2P:
+        """A P2P object bound to the *calling* event loop, sharing this node's p2pd daemon.
+
+        hivemind caches one replica per process: call this from one event loop only.
+        """
+        return await self.dht.replicate_p2p()
+
+    def shutdown(self) -> None:
+        """Stop the DHT child process and its p2pd daemon. Idempotent."""
+        self.dht.shutdown()
+
+    def __enter__(self) -> SwarmNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- announce ---------------------------------------------------------------------------
+    def announce(self, record: PeerRecord, ttl: float) -> bool:
+        """Store the record under its model key (and the model in the registry); True if the record was stored.
+
+        hivemind keeps, per (key, subkey), the value with the LATEST expiration and refuses
+        older ones: keep `ttl` constant for a peer so each announcement replaces the last
+        (including the final OFFLINE one). The registry entry is shared by all peers of a
+        model, so its store is refused whenever another peer's entry expires later: that is
+        expected and not reported.
+        """
+        record_future, registry_future = self._announce_futures(record, ttl)
+        registry_future.result()
+        return bool(record_future.result())
+
+    async def announce_async(self, record: PeerRecord, ttl: float) -> bool:
+        record_future, registry_future = self._announce_futures(record, ttl)
+        await registry_future
+        return bool(await record_future)
+
+    def _announce_futures(self, record: PeerRecord, ttl: float) -> list[Any]:
+        if record.peer_id != self.peer_id:
+            raise ValueError(f"record.peer_id {record.peer_id} is not this node's id {self.peer_id}")
+        expiration = get_dht_time() + ttl
+        return [
+            self.dht.store(model_key(record.model), record.to_dict(), expiration, subkey=record.peer_id, return_future=True),
+            self.dht.store(
+                MODELS_KEY, {"num_layers": record.num_layers}, expiration, subkey=record.model, return_future=True
+            ),
+        ]
+
+    # ---- fetch ------------------------------------------------------------------------------
+    def fetch_view(self, model: str, num_layers: int | None = None) -> SwarmView:
+        """Snapshot of the live records for `model`; malformed or mislabelled records are dropped."""
+        found = self.dht.get(model_key(model), latest=True)
+        return _build_view(model, num_layers, found, self.list_models if num_layers is None else None)
+
+    async def fetch_view_async(self, model: str, num_layers: int | None = None) -> SwarmView:
+        found = await self.dht.get(model_key(model), latest=True, return_future=True)
+        models = await self.list_models_async() if num_layers is None else {}
+        return _build_view(model, num_layers, found, lambda: models)
+
+    def list_models(self) -> dict[str, int]:
+        """model name -> num_layers, for every model some peer announced recently."""
+        return _parse_registry(self.dht.get(MODELS_KEY, latest=True))
+
+    async def list_models_async(self) -> dict[str, int]:
+        return _parse_registry(await self.dht.get(MODELS_KEY, latest=True, return_future=True))
+
+
+def _subkey_values(found: Any) -> Mapping[Any, Any]:
+    """Unwrap hivemind's ValueWithExpiration(dict[subkey, ValueWithExpiration]) into {subkey: value}."""
+    if found is None or not isinstance(found.value, dict):
+        return {}
+    return {subkey: item.value for subkey, item in found.value.items()}
+
+
+def _parse_registry(found: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for model, value in _subkey_values(found).items():
+        n = value.get("num_layers") if isinstance(value, dict) else None
+        if isinstance(model, str) and type(n) is int and n >= 0:
+            out[model] = max(n, out.get(model, 0))
+        else:
+            logger.debug(f"dropping malformed registry entry {model!r}: {value!r:.200}")
+    return out
+
+
+def _build_view(model: str, num_layers: int | None, found: Any, models: Any) -> SwarmView:
+    records: dict[str, PeerRecord] = {}
+    for subkey, value in _subkey_values(found).items():
+        try:
+            record = PeerRecord.from_dict(value)
+        except ValueError as e:
+            logger.debug(f"dropping malformed record under {subkey!r}: {e}")
+            continue
+        # The subkey is what the storing node claimed; a record naming another peer is a lie or a bug.
+        if record.peer_id != subkey or record.model != model:
+            logger.debug(f"dropping record for {record.peer_id}/{record.model} stored under {subkey!r}/{model}")
+            continue
+        records[subkey] = record
+    if num_layers is None:
+        announced = [r.num_layers for r in records.values() if r.num_layers > 0]
+        num_layers = max(announced) if announced else (models() if models else {}).get(model, 0)
+    return SwarmView(model=model, num_layers=num_layers, records=records)
