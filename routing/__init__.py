@@ -1,0 +1,45 @@
+"""Pure routing and balancing algorithms over a SwarmView (no I/O, no threads, no torch).
+
+Every function here is deterministic: equal inputs give equal outputs, ties included.
+Only `swarm.types` is imported from the rest of the project.
+
+- costs.py   RouteCosts, hop_cost: what one hop of a route costs in seconds per token.
+- route.py   plan_route, route_cost, NoRouteError: the fastest chain of ONLINE peers
+             covering a span of layers (shortest path over layer boundaries).
+- bans.py    BanList: peers that failed recently, exponential backoff; its penalties()
+             feed plan_route(banned=...).
+- balance.py layer_throughput, layer_servers, choose_layers, should_move (and their
+             array-level forms choose_window, plan_move): which layers a peer should serve.
+"""
+
+from routing.balance import (
+    DEFAULT_QUALITY,
+    choose_layers,
+    choose_window,
+    layer_servers,
+    layer_throughput,
+    plan_move,
+    should_move,
+)
+from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
+from routing.costs import RouteCosts, hop_cost
+from routing.route import NoRouteError, plan_route, route_cost
+
+__all__ = [
+    "BAN_BASE_S",
+    "BAN_CAP_S",
+    "BAN_FACTOR",
+    "DEFAULT_QUALITY",
+    "BanList",
+    "NoRouteError",
+    "RouteCosts",
+    "choose_layers",
+    "choose_window",
+    "hop_cost",
+    "layer_servers",
+    "layer_throughput",
+    "plan_move",
+    "plan_route",
+    "route_cost",
+    "should_move",
+]

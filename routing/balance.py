@@ -1,0 +1,178 @@
+"""Which layers a peer should serve: choose_layers on join, should_move while running.
+
+The measure of a swarm is its per-layer throughput: the sum of the announced throughputs
+(tokens/s) of the peers holding each layer. A generation step has to pass every layer,
+so the swarm is as fast as its thinnest layer, the bottleneck; an uncovered layer
+(throughput 0) stops every client. Both decisions aim at the bottleneck.
+
+JOINING peers count towards throughput here (but not in routing): a joining peer has
+already chosen its layers and is loading them, and ignoring it would send the next peers
+to join or move to the same thin spot while it loads (herding). Only ONLINE peers count
+as servers when checking that a move uncovers nothing, since a loading peer serves no one.
+
+The array-level functions (choose_window, plan_move) take per-layer lists so a simulator
+can keep them incrementally; choose_layers / should_move are the same on a SwarmView.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
+
+# Petals' default balance_quality. A move must make the bottleneck of the layers it touches
+# at least 1/0.75 = 1.33x what it is now. Every move costs minutes of reloading weights
+# and breaks the sessions on the old range, so small gains are not worth it; and a margin
+# this wide stops two peers from swapping back and forth on measurement noise.
+DEFAULT_QUALITY = 0.75
+
+_COUNTED = (PeerState.ONLINE, PeerState.JOINING)
+
+
+def layer_throughput(view: SwarmView, *, without: str | None = None) -> list[float]:
+    """Per-layer sum of the throughput of ONLINE and JOINING peers (optionally leaving one out)."""
+    out = [0.0] * view.num_layers
+    for r in _sorted_records(view):
+        if r.state in _COUNTED and r.peer_id != without:
+            for layer in range(r.layers.start, min(r.layers.end, view.num_layers)):
+                out[layer] += r.throughput
+    return out
+
+
+def layer_servers(view: SwarmView, *, without: str | None = None) -> list[int]:
+    """Per-layer count of ONLINE peers (the ones that can serve a route right now)."""
+    out = [0] * view.num_layers
+    for r in view.records.values():
+        if r.state is PeerState.ONLINE and r.peer_id != without:
+            for layer in range(r.layers.start, min(r.layers.end, view.num_layers)):
+                out[layer] += 1
+    return out
+
+
+def choose_window(throughput: Sequence[float], num_layers: int) -> LayerRange:
+    """The window of `num_layers` consecutive layers that most needs another server.
+
+    Ranked by, in order: most uncovered layers (throughput <= 0) inside; lowest minimum
+    throughput inside (the window holds the bottleneck); lowest total throughput inside;
+    lowest start. Runs in O(layers) with C-speed builtins on the common path.
+    """
+    total = len(throughput)
+    if total == 0:
+        raise ValueError("cannot choose layers of a model with 0 layers")
+    if num_layers <= 0:
+        raise ValueError(f"a peer must hold at least one layer, got {num_layers}")
+    k = min(num_layers, total)
+    if k == total:
+        return LayerRange(0, total)
+    lowest = min(throughput)
+    if lowest <= 0:
+        return _cover_most_gaps(throughput, k)
+    # Only windows containing a layer at the global minimum can have the lowest minimum.
+    candidates: set[int] = set()
+    position = _index(throughput, lowest, 0)
+    while position >= 0:
+        candidates.update(range(max(0, position - k + 1), min(position, total - k) + 1))
+        position = _index(throughput, lowest, position + 1)
+    best = min(candidates, key=lambda s: (sum(throughput[s : s + k]), s))
+    return LayerRange(best, best + k)
+
+
+def plan_move(
+    others: Sequence[float],
+    others_online: Sequence[int],
+    current: LayerRange,
+    my_throughput: float,
+    quality: float = DEFAULT_QUALITY,
+) -> LayerRange | None:
+    """Where a peer now serving `current` should move, or None to stay.
+
+    `others` / `others_online` are the per-layer throughput and ONLINE server counts of the
+    swarm without this peer. The candidate is choose_window(others, len(current)). Let the
+    local bottleneck be the minimum per-layer throughput over the layers of `current` and
+    the candidate together (the only layers a move changes). Move iff
+      * the candidate differs from `current`,
+      * every layer the peer would stop serving keeps another ONLINE server, and
+      * local bottleneck now < quality * local bottleneck after the move
+        (i.e. it grows by more than 1/quality).
+    The swarm's global bottleneck therefore never drops, and rises when it lies in the
+    candidate; each move also strictly improves the sorted throughput vector, so moves
+    cannot cycle.
+    """
+    if not 0 < quality <= 1:
+        raise ValueError(f"quality must be in (0, 1], got {quality}")
+    target = choose_window(others, len(current))
+    if target == current:
+        return None
+    for layer in range(current.start, current.end):
+        if layer not in target and others_online[layer] <= 0:
+            return None  # leaving would uncover this layer
+    touched = range(min(current.start, target.start), max(current.end, target.end))
+    before = min(
+        others[layer] + (my_throughput if layer in current else 0.0)
+        for layer in touched
+        if layer in current or layer in target
+    )
+    after = min(
+        others[layer] + (my_throughput if layer in target else 0.0)
+        for layer in touched
+        if layer in current or layer in target
+    )
+    return target if before < quality * after else None
+
+
+def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:
+    """The layers a new peer that can hold `num_layers` layers should serve (see choose_window)."""
+    return choose_window(layer_throughput(view), num_layers)
+
+
+def should_move(
+    view: SwarmView,
+    me: str,
+    *,
+    quality: float = DEFAULT_QUALITY,
+    my_throughput: float | None = None,
+) -> LayerRange | None:
+    """The range peer `me` should move to, or None to stay (see plan_move for the rule).
+
+    `my_throughput` overrides the announced one (e.g. a fresh measurement).
+    """
+    record = view.records.get(me)
+    if record is None:
+        raise ValueError(f"peer {me!r} is not in the view of model {view.model}")
+    current = LayerRange(
+        min(record.layers.start, view.num_layers - 1), min(record.layers.end, view.num_layers)
+    )
+    return plan_move(
+        layer_throughput(view, without=me),
+        layer_servers(view, without=me),
+        current,
+        record.throughput if my_throughput is None else my_throughput,
+        quality,
+    )
+
+
+def _cover_most_gaps(throughput: Sequence[float], k: int) -> LayerRange:
+    """Windows ranked by (most uncovered layers, lowest total throughput, lowest start)."""
+    zeros = [0]
+    sums = [0.0]
+    for value in throughput:
+        zeros.append(zeros[-1] + (value <= 0))
+        sums.append(sums[-1] + max(value, 0.0))
+    best = min(
+        range(len(throughput) - k + 1),
+        key=lambda s: (-(zeros[s + k] - zeros[s]), sums[s + k] - sums[s], s),
+    )
+    return LayerRange(best, best + k)
+
+
+def _index(values: Sequence[float], value: float, start: int) -> int:
+    """values.index(value, start), or -1; works for lists and tuples alike."""
+    try:
+        return values.index(value, start)  # type: ignore[attr-defined]
+    except ValueError:
+        return -1
+
+
+def _sorted_records(view: SwarmView) -> list[PeerRecord]:
+    # Summation order fixed by peer id, so equal views give bit-identical floats.
+    return [view.records[p] for p in sorted(view.records)]
