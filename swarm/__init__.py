@@ -6,7 +6,7 @@ Files and the concept each one owns:
   framing.py     read_frame / write_frame: 4-byte big-endian length + payload over asyncio streams
   codec.py       Limits, encode_message / decode_message (msgpack), encode_tensor / decode_tensor
   messages.py    PROTOCOL_NAME, message type constants, ERROR_CODES, require_* field validators
-  connection.py  PeerStream (send / recv / request / close), open_stream, serve_stream, handler_stream
+  connection.py  PeerStream (send / recv / request / close), open_stream, serve_stream, stream_handler
   dht.py         SwarmNode: hivemind.DHT wrapper — announce, fetch_view, list_models, identity files
 
 The protocol itself (messages, limits, error codes, DHT keys, push design) is in docs/protocol.md.
@@ -39,7 +39,7 @@ _LAZY = {
     "PeerStream": "swarm.connection",
     "open_stream": "swarm.connection",
     "serve_stream": "swarm.connection",
-    "handler_stream": "swarm.connection",
+    "stream_handler": "swarm.connection",
     "SwarmNode": "swarm.dht",
 }
 

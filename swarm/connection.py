@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import suppress
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from swarm.codec import Limits, decode_message, encode_message
 from swarm.errors import ConnectionClosed, FrameTooLarge, ProtocolError, RemoteError
@@ -128,7 +128,31 @@ async def serve_stream(stream: PeerStream) -> AsyncIterator[dict[str, Any]]:
         yield msg
 
 
-def handler_stream(stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limits: Limits) -> PeerStream:
-    """Build the PeerStream for a hivemind binary stream handler's arguments."""
-    peer_id = getattr(stream_info, "peer_id", None)
-    return PeerStream(reader, writer, limits, remote_peer_id=str(peer_id) if peer_id is not None else "")
+StreamHandler = Callable[[Any, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def stream_handler(serve: Callable[[PeerStream], Awaitable[None]], limits: Limits) -> StreamHandler:
+    """Adapt `async def serve(stream: PeerStream)` to hivemind's binary stream handler signature.
+
+    Register it with `await p2p.add_binary_stream_handler(PROTOCOL_NAME, stream_handler(serve, limits))`.
+    hivemind runs each incoming stream's handler as a task on the loop of that P2P object.
+    The wrapper closes the stream when `serve` returns, logs (does not propagate) an
+    unexpected exception, and treats cancellation as the end of the stream: hivemind cancels
+    handler tasks when its P2P object shuts down, and a cancelled handler task makes asyncio
+    print a spurious traceback from its stream callback.
+    """
+
+    async def handler(stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer_id = getattr(stream_info, "peer_id", None)
+        stream = PeerStream(reader, writer, limits, remote_peer_id=str(peer_id) if peer_id is not None else "")
+        try:
+            await serve(stream)
+        except asyncio.CancelledError:
+            logger.debug(f"handler for {stream.remote_peer_id} cancelled (P2P shutting down)")
+        except Exception:
+            logger.exception(f"stream handler for {stream.remote_peer_id} crashed")
+        finally:
+            stream._broken = stream._broken or "handler finished"
+            writer.close()
+
+    return handler

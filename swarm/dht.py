@@ -67,6 +67,7 @@ class SwarmNode:
             self.dht.shutdown()
             raise
         self.peer_id: str = self.dht.peer_id.to_base58()
+        self._daemon_maddr: Any = None  # p2pd control address, fetched on first replicate_p2p
 
     # ---- lifecycle -------------------------------------------------------------------------
     def visible_maddrs(self) -> list[str]:
@@ -74,11 +75,17 @@ class SwarmNode:
         return [str(m) for m in self.dht.get_visible_maddrs()]
 
     async def replicate_p2p(self) -> P2P:
-        """A P2P object bound to the *calling* event loop, sharing this node's p2pd daemon.
+        """A NEW P2P object bound to the calling event loop, sharing this node's p2pd daemon.
 
-        hivemind caches one replica per process: call this from one event loop only.
+        Unlike hivemind's `DHT.replicate_p2p` (one cached replica per process, tied to the loop
+        that made it) every call returns a fresh replica that the caller owns: use it only on
+        this loop, and `await p2p.shutdown()` before the loop ends (that closes the replica's
+        control socket, not the daemon). It works while this node is alive.
         """
-        return await self.dht.replicate_p2p()
+        if self._daemon_maddr is None:
+            future = self.dht.run_coroutine(hivemind.DHT._get_p2p_daemon_listen_maddr, return_future=True)
+            self._daemon_maddr = await future
+        return await P2P.replicate(self._daemon_maddr)
 
     def shutdown(self) -> None:
         """Stop the DHT child process and its p2pd daemon. Idempotent."""

@@ -3,3 +3,5 @@
 Fixtures that start processes live in `tests/swarm_fixtures.py`; model builders in
 `tests/tiny_models.py`. Every process a fixture starts is stopped by its pid at teardown.
 """
+from tests.fixtures_models import *  # noqa: F401,F403
+from tests.fixtures_swarm import *  # noqa: F401,F403
