@@ -1,0 +1,144 @@
+"""choose_layers / should_move on hand-made swarms, plus properties of plan_move."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from routing import (
+    choose_layers,
+    choose_window,
+    layer_servers,
+    layer_throughput,
+    plan_move,
+    should_move,
+)
+from swarm.types import LayerRange, PeerState
+from tests.routing_helpers import rec, view
+
+J, O = PeerState.JOINING, PeerState.OFFLINE
+
+
+def test_layer_throughput_counts_online_and_joining_but_servers_only_online() -> None:
+    v = view(4, rec("a", "0:2", 2.0), rec("j", "1:3", 5.0, state=J), rec("o", "0:4", 9.0, state=O))
+    assert layer_throughput(v) == [2.0, 7.0, 5.0, 0.0]
+    assert layer_throughput(v, without="j") == [2.0, 2.0, 0.0, 0.0]
+    assert layer_servers(v) == [1, 1, 0, 0]
+
+
+def test_choose_layers_on_an_empty_swarm_starts_at_zero() -> None:
+    assert choose_layers(view(10), 4) == LayerRange(0, 4)
+    assert choose_layers(view(10), 25) == LayerRange(0, 10)  # more memory than the model
+
+
+def test_choose_layers_covers_the_most_uncovered_layers() -> None:
+    v = view(10, rec("a", "0:3", 5.0), rec("b", "5:7", 5.0))
+    assert choose_layers(v, 2) == LayerRange(3, 5)
+    assert choose_layers(v, 3) == LayerRange(7, 10)  # 3 gaps at 7:10 beat 2 at 3:5
+    assert choose_layers(v, 5) == LayerRange(3, 8)  # 3:5 and 7 uncovered (3 gaps), lower load than 5:10
+    assert choose_layers(view(10, rec("a", "2:8")), 2) == LayerRange(0, 2)  # tie: lowest start
+
+
+def test_choose_layers_goes_to_the_thin_spot() -> None:
+    v = view(8, rec("a", "0:8", 10.0), rec("b", "0:3", 10.0), rec("c", "5:8", 3.0))
+    # Throughput per layer: 20 20 20 10 10 13 13 13 -> the minimum is at 3-4.
+    assert layer_throughput(v) == [20, 20, 20, 10, 10, 13, 13, 13]
+    assert choose_layers(v, 2) == LayerRange(3, 5)
+    assert choose_layers(v, 3) == LayerRange(3, 6)  # contains the minimum, lowest total
+    assert choose_window([5.0, 1.0, 5.0, 1.0, 5.0], 1) == LayerRange(1, 2)  # tie: lowest start
+
+
+def test_choose_window_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        choose_window([], 3)
+    with pytest.raises(ValueError):
+        choose_window([1.0], 0)
+
+
+def test_should_move_to_a_much_thinner_spot() -> None:
+    v = view(8, rec("a", "0:4", 10.0), rec("b", "0:4", 10.0), rec("c", "4:8", 1.0))
+    # Without b: 10 on 0:4, 1 on 4:8. Local bottleneck 1 now, 10 after: move.
+    assert should_move(v, "b") == LayerRange(4, 8)
+    assert should_move(v, "a") == LayerRange(4, 8)
+    assert should_move(v, "c") is None  # c is the only server of 4:8
+
+
+def test_should_move_into_uncovered_layers() -> None:
+    v = view(8, rec("a", "0:4", 1.0), rec("b", "0:4", 1.0))
+    assert should_move(v, "b") == LayerRange(4, 8)
+
+
+def test_should_not_move_if_that_would_uncover_a_layer() -> None:
+    v = view(8, rec("a", "0:4", 10.0), rec("c", "4:8", 1.0))
+    assert should_move(v, "a") is None
+    # A JOINING peer on 0:4 does not count: it serves no one yet.
+    v = view(8, rec("a", "0:4", 10.0), rec("j", "0:4", 10.0, state=J), rec("c", "4:8", 1.0))
+    assert should_move(v, "a") is None
+
+
+def test_partial_overlap_moves_are_allowed_when_kept_layers_stay_covered() -> None:
+    # a is the only server of layer 3, but its new range 2:6 keeps layer 3.
+    v = view(6, rec("a", "1:5", 10.0), rec("b", "0:3", 10.0), rec("c", "4:6", 0.5))
+    assert should_move(v, "a") == LayerRange(2, 6)
+
+
+def test_should_not_move_for_a_small_gain() -> None:
+    v = view(8, rec("a", "0:4", 10.0), rec("b", "0:4", 2.0), rec("c", "4:8", 9.0))
+    # Without b: 10 | 9. Local bottleneck 9 now, min(10, 11) = 10 after: only 1.11x.
+    assert should_move(v, "b") is None
+    assert should_move(v, "b", quality=1.0) == LayerRange(4, 8)  # any strict gain
+    v = view(8, rec("a", "0:4", 10.0), rec("b", "0:4", 2.0), rec("c", "4:8", 6.0))
+    assert should_move(v, "b") is None  # 6 now, min(10, 8) = 8 after: 1.33x is not more
+    assert should_move(v, "b", my_throughput=6.0) == LayerRange(4, 8)  # 6 -> min(10, 12)
+    with pytest.raises(ValueError):
+        should_move(v, "b", quality=0.0)
+
+
+def test_should_move_stays_when_already_in_the_best_place() -> None:
+    v = view(8, rec("a", "0:4", 10.0), rec("b", "4:8", 10.0))
+    assert should_move(v, "a") is None and should_move(v, "b") is None
+
+
+def test_should_move_unknown_peer() -> None:
+    with pytest.raises(ValueError, match="not in the view"):
+        should_move(view(4), "ghost")
+
+
+def test_balance_is_independent_of_record_order() -> None:
+    rng = random.Random(7)
+    records = [rec(f"p{i}", f"{s}:{s + rng.randint(1, 5)}", rng.choice([1.0, 2.5, 7.0])) for i, s in
+               enumerate(rng.randrange(15) for _ in range(12))]
+    shuffled = records[:]
+    rng.shuffle(shuffled)
+    a, b = view(20, *records), view(20, *shuffled)
+    assert layer_throughput(a) == layer_throughput(b)
+    assert choose_layers(a, 4) == choose_layers(b, 4)
+    assert [should_move(a, r.peer_id) for r in records] == [should_move(b, r.peer_id) for r in records]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from([0.0, 1.0, 2.0, 3.5, 8.0]), min_size=2, max_size=12),
+    st.integers(0, 11),
+    st.integers(1, 6),
+    st.sampled_from([0.5, 1.0, 4.0]),
+    st.sampled_from([0.5, 0.75, 1.0]),
+)
+def test_plan_move_never_lowers_the_bottleneck_nor_uncovers(others, s, k, mine, quality) -> None:
+    n = len(others)
+    current = LayerRange(min(s, n - 1), min(s, n - 1) + min(k, n - min(s, n - 1)))
+    online = [1 if x > 0 else 0 for x in others]
+    target = plan_move(others, online, current, mine, quality)
+    before = [x + (mine if i in current else 0) for i, x in enumerate(others)]
+    if target is None:
+        return
+    assert len(target) == len(current) and target != current
+    after = [x + (mine if i in target else 0) for i, x in enumerate(others)]
+    assert min(after) >= min(before)
+    assert sorted(after) > sorted(before)  # leximin strictly improves: no move cycles
+    for i in range(n):
+        if before[i] > 0 and i in current and i not in target:
+            assert online[i] > 0
