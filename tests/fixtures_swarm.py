@@ -17,15 +17,24 @@ import pytest
 from swarm.dht import SwarmNode
 
 
-def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+def _node_processes(node: SwarmNode) -> set[int]:
+    """The DHT child process and everything it started (its p2pd daemon)."""
+    proc = psutil.Process(node.dht.pid)
+    return {proc.pid, *(p.pid for p in proc.children(recursive=True))}
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _assert_gone(pids: set[int], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     alive = set(pids)
     while alive and time.monotonic() < deadline:
-        alive = {pid for pid in alive if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE}
+        alive = {pid for pid in alive if _running(pid)}
         if alive:
             time.sleep(0.05)
     names = []
@@ -42,9 +51,8 @@ class _NodeTracker:
         self.nodes: list[tuple[SwarmNode, set[int]]] = []
 
     def start(self, **kwargs: Any) -> SwarmNode:
-        before = _children()
         node = SwarmNode(**kwargs)
-        self.nodes.append((node, _children() - before))  # the DHT child process and its p2pd
+        self.nodes.append((node, _node_processes(node)))
         return node
 
     def stop_all(self) -> None:
