@@ -1,0 +1,350 @@
+"""Discrete-event simulation of a churning swarm that balances itself with routing/.
+
+Peers join (choose_layers), check every randomised balance period whether to move
+(should_move), and leave abruptly; clients plan routes (plan_route). The simulator calls
+the same routing functions the peer and client code call: the array-level forms
+choose_window / plan_move on per-layer arrays it keeps incrementally (so a 10,000-peer
+swarm needs no O(peers) view rebuild per decision), and plan_route on a real SwarmView
+built at each route sample.
+
+    .venv/bin/python -m benchmarks.simulate_swarm --peers 1000 --hours 6 --seed 0
+
+Model: a peer holds k layers (its memory) and pushes `thr` tokens/s through all of them;
+it adds thr to the throughput of each of its layers. Loading weights takes
+LOAD_S_PER_LAYER * k seconds, during which the peer is JOINING (counted by balancing,
+serves no routes). Departures are abrupt (a crash or a closed laptop): exponential
+lifetimes at rate `churn` per hour; arrivals are Poisson at peers * churn per hour, so the
+population stays near `peers`. The model has num_layers = sum(k) / redundancy layers,
+so `redundancy` is how many times the swarm's memory could hold the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from routing import DEFAULT_QUALITY, NoRouteError, choose_window, plan_move, plan_route, route_cost
+from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
+
+# GPU classes (layers held, median tokens/s through them, share of peers): a mix of
+# 8 GB / 12-16 GB / 24 GB / 48-80 GB cards; bigger cards hold more and run faster.
+GPU_CLASSES = ((4, 10.0, 0.30), (8, 20.0, 0.35), (16, 35.0, 0.25), (24, 50.0, 0.10))
+# Spread of throughput inside a class (lognormal sigma): drivers, CPUs, thermal limits.
+THROUGHPUT_SIGMA = 0.3
+# Seconds to fetch and load one layer's weights (a few hundred MB from a local cache).
+LOAD_S_PER_LAYER = 5.0
+# Mean seconds between a peer's balance checks (uniform in [0.5, 1.5] x this, so peers do
+# not decide in lockstep and herd to the same spot).
+BALANCE_PERIOD_S = 600.0
+METRIC_PERIOD_S = 60.0  # bottleneck / bound sampled once a simulated minute
+ROUTE_PERIOD_S = 600.0  # a client route planned every 10 simulated minutes
+RTT_RANGE_S = (0.01, 0.15)  # client-to-peer round trips, uniform
+
+
+@dataclass
+class SimConfig:
+    peers: int = 1000
+    hours: float = 6.0
+    seed: int = 0
+    churn: float = 0.10  # fraction of peers leaving per hour
+    redundancy: float = 2.0
+    layers: int | None = None  # set the model size directly instead of via redundancy
+    quality: float = DEFAULT_QUALITY
+    balance_period_s: float = BALANCE_PERIOD_S
+    load_s_per_layer: float = LOAD_S_PER_LAYER
+
+
+@dataclass
+class _Peer:
+    peer_id: str
+    k: int
+    thr: float
+    rtt: float
+    layers: LayerRange | None = None
+    online: bool = False
+    generation: int = 0  # bumped on every move, so a stale "online" event is ignored
+
+
+@dataclass
+class SimResult:
+    config: dict
+    num_layers: int
+    coverage_time_fraction: float  # share of time every layer had an ONLINE server
+    uncovered_layer_time_fraction: float  # share of (layer x time) without an ONLINE server
+    bottleneck_vs_bound_mean: float  # time-average of min per-layer ONLINE throughput / bound
+    bottleneck_vs_bound_p10: float
+    migrations_per_peer_hour: float
+    joins: int
+    departures: int
+    migrations: int
+    route_cost_s_mean: float | None
+    route_hops_mean: float | None
+    route_plan_ms_mean: float | None
+    routes_failed: int
+    wall_s: float
+    series: dict = field(default_factory=dict)
+
+
+class _Swarm:
+    """Per-layer arrays kept incrementally: throughput (ONLINE + JOINING), ONLINE throughput and count."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.thr = [0.0] * num_layers
+        self.online_thr = [0.0] * num_layers
+        self.online_n = [0] * num_layers
+        self.uncovered = num_layers
+
+    def place(self, p: _Peer, sign: int) -> None:
+        for layer in range(p.layers.start, p.layers.end):
+            self.thr[layer] += sign * p.thr
+            if self.thr[layer] < 1e-9:
+                self.thr[layer] = 0.0  # no float residue: 0 must mean "nobody"
+
+    def serve(self, p: _Peer, sign: int) -> None:
+        for layer in range(p.layers.start, p.layers.end):
+            n = self.online_n[layer] + sign
+            self.online_n[layer] = n
+            self.online_thr[layer] = self.online_thr[layer] + sign * p.thr if n else 0.0
+            if n == 0 and sign < 0:
+                self.uncovered += 1
+            elif n == 1 and sign > 0:
+                self.uncovered -= 1
+
+
+class _MinusOne:
+    """online counts without the asking peer, read lazily (plan_move reads only its layers)."""
+
+    def __init__(self, counts: list[int], mine: LayerRange) -> None:
+        self.counts, self.mine = counts, mine
+
+    def __getitem__(self, layer: int) -> int:
+        return self.counts[layer] - (layer in self.mine)
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    wall0 = time.perf_counter()
+    rng = random.Random(cfg.seed)
+    weights = [c[2] for c in GPU_CLASSES]
+
+    def new_peer(index: int) -> _Peer:
+        k, median, _ = rng.choices(GPU_CLASSES, weights)[0]
+        return _Peer(f"peer{index:06d}", k, median * math.exp(rng.gauss(0, THROUGHPUT_SIGMA)),
+                     rng.uniform(*RTT_RANGE_S))
+
+    initial = [new_peer(i) for i in range(cfg.peers)]
+    num_layers = cfg.layers or max(1, round(sum(p.k for p in initial) / cfg.redundancy))
+    for p in initial:
+        p.k = min(p.k, num_layers)
+    swarm = _Swarm(num_layers)
+    peers: dict[str, _Peer] = {}
+    events: list[tuple[float, int, str, str, int]] = []
+    seq = 0
+
+    def push(t: float, kind: str, pid: str = "", gen: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t, seq, kind, pid, gen))
+
+    per_hour = 3600.0
+    leave_rate = cfg.churn / per_hour  # per peer per second
+
+    def admit(p: _Peer, now: float, instant: bool) -> None:
+        p.layers = choose_window(swarm.thr, p.k)
+        peers[p.peer_id] = p
+        swarm.place(p, +1)
+        if instant:
+            p.online = True
+            swarm.serve(p, +1)
+        else:
+            push(now + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
+        if leave_rate > 0:
+            push(now + rng.expovariate(leave_rate), "depart", p.peer_id)
+        push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
+
+    for p in initial:  # a warm swarm: the first peers are already loaded at t = 0
+        admit(p, 0.0, instant=True)
+    next_index = cfg.peers
+    if leave_rate > 0:
+        push(rng.expovariate(cfg.peers * leave_rate), "arrive")
+    end = cfg.hours * per_hour
+    for t in range(0, int(end) + 1, int(METRIC_PERIOD_S)):
+        push(float(t), "metric")
+    for t in range(0, int(end) + 1, int(ROUTE_PERIOD_S)):
+        push(float(t) + 0.5, "route")
+
+    joins = departures = migrations = routes_failed = 0
+    uncovered_time = uncovered_layer_time = 0.0
+    peer_seconds = 0.0
+    last = 0.0
+    series: dict[str, list[float]] = {"t_h": [], "ratio": [], "uncovered_layers": [], "migrations": []}
+    ratios: list[float] = []
+    route_costs: list[float] = []
+    route_hops: list[int] = []
+    plan_ms: list[float] = []
+
+    while events and events[0][0] <= end:
+        now, _, kind, pid, gen = heapq.heappop(events)
+        dt = now - last
+        if swarm.uncovered:
+            uncovered_time += dt
+            uncovered_layer_time += dt * swarm.uncovered
+        peer_seconds += dt * len(peers)
+        last = now
+        p = peers.get(pid)
+        if kind == "arrive":
+            admit(new_peer(next_index), now, instant=False)
+            next_index += 1
+            joins += 1
+            push(now + rng.expovariate(cfg.peers * leave_rate), "arrive")
+        elif kind == "depart" and p is not None:
+            departures += 1
+            swarm.place(p, -1)
+            if p.online:
+                swarm.serve(p, -1)
+            del peers[pid]
+        elif kind == "online" and p is not None and gen == p.generation:
+            p.online = True
+            swarm.serve(p, +1)
+        elif kind == "balance" and p is not None:
+            push(now + rng.uniform(0.5, 1.5) * cfg.balance_period_s, "balance", pid)
+            if not p.online:
+                continue  # still loading: judge the range once it serves
+            others = swarm.thr[:]
+            for layer in range(p.layers.start, p.layers.end):
+                others[layer] = max(0.0, others[layer] - p.thr)
+                if others[layer] < 1e-9:
+                    others[layer] = 0.0
+            target = plan_move(others, _MinusOne(swarm.online_n, p.layers), p.layers, p.thr, cfg.quality)
+            if target is not None:
+                migrations += 1
+                swarm.serve(p, -1)
+                swarm.place(p, -1)
+                p.layers, p.online, p.generation = target, False, p.generation + 1
+                swarm.place(p, +1)
+                push(now + cfg.load_s_per_layer * p.k, "online", pid, p.generation)
+        elif kind == "metric":
+            bound = sum(q.thr * q.k for q in peers.values()) / num_layers
+            ratio = (min(swarm.online_thr) if not swarm.uncovered else 0.0) / bound if bound else 0.0
+            ratios.append(ratio)
+            series["t_h"].append(now / per_hour)
+            series["ratio"].append(round(ratio, 4))
+            series["uncovered_layers"].append(swarm.uncovered)
+            series["migrations"].append(migrations)
+        elif kind == "route":
+            records = {
+                q.peer_id: PeerRecord(q.peer_id, "sim", q.layers, PeerState.ONLINE, q.thr, free_pages=100)
+                for q in peers.values() if q.online
+            }
+            view = SwarmView("sim", num_layers, records, {q: peers[q].rtt for q in records})
+            t0 = time.perf_counter()
+            try:
+                route = plan_route(view)
+            except NoRouteError:
+                routes_failed += 1
+                continue
+            plan_ms.append((time.perf_counter() - t0) * 1e3)
+            route_costs.append(route_cost(view, route))
+            route_hops.append(len(route))
+
+    hours = end / per_hour
+    mean_peers = peer_seconds / end if end else len(peers)
+    ordered = sorted(ratios)
+    return SimResult(
+        config=asdict(cfg),
+        num_layers=num_layers,
+        coverage_time_fraction=1.0 - uncovered_time / end if end else 1.0,
+        uncovered_layer_time_fraction=uncovered_layer_time / (end * num_layers) if end else 0.0,
+        bottleneck_vs_bound_mean=sum(ratios) / len(ratios) if ratios else 0.0,
+        bottleneck_vs_bound_p10=ordered[len(ordered) // 10] if ordered else 0.0,
+        migrations_per_peer_hour=migrations / (mean_peers * hours) if hours else 0.0,
+        joins=joins,
+        departures=departures,
+        migrations=migrations,
+        route_cost_s_mean=sum(route_costs) / len(route_costs) if route_costs else None,
+        route_hops_mean=sum(route_hops) / len(route_hops) if route_hops else None,
+        route_plan_ms_mean=sum(plan_ms) / len(plan_ms) if plan_ms else None,
+        routes_failed=routes_failed,
+        wall_s=time.perf_counter() - wall0,
+        series=series,
+    )
+
+
+def format_table(r: SimResult) -> str:
+    c = r.config
+    rows = [
+        ("peers / layers / redundancy", f"{c['peers']} / {r.num_layers} / {c['redundancy'] if not c['layers'] else 'n/a'}"),
+        ("simulated hours / churn per hour", f"{c['hours']} / {c['churn']:.0%}"),
+        ("coverage (time all layers served)", f"{r.coverage_time_fraction:.4%}"),
+        ("uncovered layer-time", f"{r.uncovered_layer_time_fraction:.5%}"),
+        ("bottleneck / bound (mean, p10)", f"{r.bottleneck_vs_bound_mean:.1%}, {r.bottleneck_vs_bound_p10:.1%}"),
+        ("migrations per peer per hour", f"{r.migrations_per_peer_hour:.3f} ({r.migrations} moves)"),
+        ("joins / departures", f"{r.joins} / {r.departures}"),
+        ("route cost s/token, hops (mean)",
+         "n/a" if r.route_cost_s_mean is None else f"{r.route_cost_s_mean:.3f} s, {r.route_hops_mean:.1f} hops"),
+        ("plan_route time (mean) / failed", f"{(r.route_plan_ms_mean or 0):.1f} ms / {r.routes_failed}"),
+        ("wall time", f"{r.wall_s:.1f} s"),
+    ]
+    width = max(len(a) for a, _ in rows)
+    return "\n".join(f"{a:<{width}}  {b}" for a, b in rows)
+
+
+def plot(r: SimResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = r.series
+    fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
+    axes[0].plot(s["t_h"], [100 * x for x in s["ratio"]])
+    axes[0].axhline(80, color="grey", linestyle="--", linewidth=0.8)
+    axes[0].set_ylabel("bottleneck / bound (%)")
+    axes[0].set_ylim(0, 105)
+    axes[1].plot(s["t_h"], s["uncovered_layers"], color="tab:red")
+    axes[1].set_ylabel("uncovered layers")
+    peers = r.config["peers"]
+    axes[2].plot(s["t_h"], [m / peers for m in s["migrations"]], color="tab:green")
+    axes[2].set_ylabel("moves per peer (cum.)")
+    axes[2].set_xlabel("simulated hours")
+    c = r.config
+    fig.suptitle(f"{c['peers']} peers, {r.num_layers} layers, churn {c['churn']:.0%}/h, seed {c['seed']}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> SimResult:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--peers", type=int, default=1000)
+    ap.add_argument("--hours", type=float, default=6.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--churn", type=float, default=0.10, help="fraction of peers leaving per hour")
+    ap.add_argument("--redundancy", type=float, default=2.0, help="sum of layers peers hold / model layers")
+    ap.add_argument("--layers", type=int, default=None, help="model layers (overrides --redundancy)")
+    ap.add_argument("--quality", type=float, default=DEFAULT_QUALITY)
+    ap.add_argument("--balance-period", type=float, default=BALANCE_PERIOD_S, help="mean seconds")
+    ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
+    ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
+    a = ap.parse_args(argv)
+    cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period)
+    result = simulate(cfg)
+    print(format_table(result))
+    out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(asdict(result), indent=1))
+    print(f"wrote {out}")
+    if a.plot:
+        plot(result, a.plot)
+        print(f"wrote {a.plot}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
