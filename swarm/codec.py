@@ -30,6 +30,7 @@ DTYPES: dict[str, tuple[torch.dtype, torch.dtype]] = {
     "int64": (torch.int64, torch.int64),
     "int32": (torch.int32, torch.int32),
 }
+ITEMSIZE: dict[str, int] = {name: torch.empty((), dtype=buf).element_size() for name, (_, buf) in DTYPES.items()}
 DTYPE_NAMES: dict[torch.dtype, str] = {torch_dtype: name for name, (torch_dtype, _) in DTYPES.items()}
 MAX_TENSOR_DIMS = 4
 
@@ -114,7 +115,7 @@ def decode_tensor(obj: Any, limits: Limits) -> torch.Tensor:
     if not isinstance(data, (bytes, bytearray)):
         raise ProtocolError("bad_tensor", f"tensor data must be bytes, got {type(data).__name__}")
     torch_dtype, buffer_dtype = DTYPES[name]
-    itemsize = torch.empty((), dtype=buffer_dtype).element_size()
+    itemsize = ITEMSIZE[name]
     if len(data) != numel * itemsize:
         raise ProtocolError(
             "bad_tensor", f"{name} tensor of shape {shape} needs {numel * itemsize} bytes, got {len(data)}"
