@@ -1,0 +1,48 @@
+"""Stateless forward passes through the swarm (scoring, perplexity): no session, no KV cache."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from client.hop import TORCH_DTYPES
+from client.session import SwarmError, is_hop_failure
+from swarm import messages as m
+from swarm.codec import encode_tensor
+from swarm.connection import open_stream
+
+logger = logging.getLogger(__name__)
+
+
+async def forward_through_swarm(swarm, hidden: torch.Tensor, new_tokens: list[int]) -> torch.Tensor:
+    """hidden (N, H) of ragged sequences -> (N, H) after every layer; failed hops are re-planned."""
+    position, x, failures = 0, hidden, 0
+    while position < swarm.num_layers:
+        route = await swarm.plan(position, swarm.num_layers, fresh=failures > 0)
+        view = await swarm.view()
+        for hop in route:
+            record = view.records[hop.peer_id]
+            try:
+                stream = await open_stream(swarm.p2p, hop.peer_id, swarm.limits)
+                try:
+                    reply = await stream.request(
+                        {"type": m.FORWARD, "hidden": encode_tensor(x.to(TORCH_DTYPES.get(record.dtype, torch.float32))),
+                         "new_tokens": new_tokens, "layers": [hop.layers.start, hop.layers.end]},
+                        swarm.config.step_timeout,
+                    )
+                finally:
+                    await stream.close()
+            except Exception as e:
+                if not is_hop_failure(e):
+                    raise SwarmError(f"peer {hop.peer_id} refused the forward pass: {e}") from e
+                failures += 1
+                if failures > swarm.config.max_retries:
+                    raise SwarmError(f"forward pass failed {failures} times; last error: {e}") from e
+                logger.warning("forward through %s failed (%s); rerouting", hop.peer_id, e)
+                swarm.ban(hop.peer_id)
+                break
+            x = m.require_tensor(reply, "hidden", swarm.limits, ndim=2).to(torch.float32)
+            position = hop.layers.end
+    return x
+

@@ -1,0 +1,90 @@
+"""The token-by-token generation loop over an `InferenceSession`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from client.sampling import TokenChooser
+from client.session import InferenceSession
+
+if TYPE_CHECKING:
+    from client.model import DistributedModel
+
+
+def last_logits(model: DistributedModel, session: InferenceSession, feed: list[list[int]]) -> torch.Tensor:
+    """Send each sequence's new tokens through the swarm; logits (B, V) at each sequence's last token."""
+    new_tokens = [len(f) for f in feed]
+    ids = torch.tensor([t for f in feed for t in f], dtype=torch.long)  # (N,)
+    hidden = session.step(model.head.embed(ids), new_tokens)  # (N, H)
+    last_rows = torch.cumsum(torch.tensor(new_tokens), 0) - 1  # (B,)
+    return model.head.logits(hidden[last_rows]).float()  # (B, V)
+
+
+def run_generation(
+    model: DistributedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    chooser: TokenChooser,
+    *,
+    max_new_tokens: int,
+    pad_token_id: int,
+    streamer: Any,
+    session: InferenceSession | None,
+) -> torch.Tensor:
+    from client.model import strip_left_padding
+
+    prompts = strip_left_padding(input_ids, attention_mask)
+    batch = len(prompts)
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if streamer is not None and batch > 1:
+        raise ValueError("a streamer can only follow one sequence; pass a batch of one")
+    own_session = session is None
+    if own_session:
+        if any(not p for p in prompts):
+            raise ValueError("the prompt is empty: give at least one token")
+        session = model.inference_session(max(len(p) for p in prompts) + max_new_tokens, batch)
+    elif session.batch != batch:
+        raise ValueError(f"the session holds {session.batch} sequences but input_ids has {batch}")
+    feed = [pending + prompt for pending, prompt in zip(session.pending, prompts)]
+    if any(not f for f in feed):
+        raise ValueError("the prompt is empty: give at least one token")
+    needed = max(done + len(f) + max_new_tokens for done, f in zip(session.lengths, feed))
+    if needed > session.max_length + 1:  # the last sampled token is not sent through the swarm
+        raise ValueError(
+            f"prompt and max_new_tokens need {needed - 1} tokens but the session's max_length is "
+            f"{session.max_length}; open a session with a larger max_length or shorten the prompt"
+        )
+    try:
+        if streamer is not None:
+            streamer.put(input_ids[:1].cpu())
+        for seq, prompt in zip(session.token_ids, prompts):
+            seq.extend(prompt)
+        generated: list[list[int]] = [[] for _ in range(batch)]
+        finished = [False] * batch
+        logits = last_logits(model, session, feed) if max_new_tokens > 0 else None
+        for step in range(max_new_tokens):
+            chosen = chooser.choose(logits, session.token_ids, step)
+            chosen = [pad_token_id if done else t for t, done in zip(chosen, finished)]
+            for b, token in enumerate(chosen):
+                generated[b].append(token)
+                session.token_ids[b].append(token)
+                finished[b] = finished[b] or token in chooser.params.eos_token_ids
+            if streamer is not None:
+                streamer.put(torch.tensor(chosen[:1]))
+            if all(finished) or step == max_new_tokens - 1:
+                session.pending = [[t] for t in chosen]  # not yet through the swarm
+                break
+            logits = last_logits(model, session, [[t] for t in chosen])
+        else:  # max_new_tokens == 0: nothing was sent, the whole feed is still to go
+            session.pending = feed
+    finally:
+        if streamer is not None:
+            streamer.end()
+        model.last_session = session
+        if own_session:
+            session.close()
+    new = torch.tensor(generated, dtype=input_ids.dtype).reshape(batch, -1)
+    return torch.cat([input_ids, new], dim=1)

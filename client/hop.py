@@ -1,0 +1,115 @@
+"""`HopSession`: one peer's part of an inference session, and the inputs it was sent.
+
+The inputs are kept per sequence, so when the peer dies a replacement can be rebuilt by
+replaying them as one prefill; `truncate` cuts them like the peer cuts its cache.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import torch
+
+from swarm import messages as m
+from swarm.codec import Limits, encode_tensor
+from swarm.connection import PeerStream, open_stream
+from swarm.errors import ConnectionClosed, RemoteError
+from swarm.types import LayerRange, PeerRecord
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def split_rows(hidden: torch.Tensor, new_tokens: list[int]) -> list[torch.Tensor]:
+    """(N, H) ragged rows -> one (n_b, H) tensor per sequence."""
+    return list(torch.split(hidden, new_tokens))
+
+
+class HopSession:
+    def __init__(self, record: PeerRecord, layers: LayerRange, batch: int, max_length: int) -> None:
+        self.record = record
+        self.peer_id = record.peer_id
+        self.layers = layers
+        self.batch = batch
+        self.max_length = max_length
+        self.session_id = uuid.uuid4().hex
+        self.wire_dtype = TORCH_DTYPES.get(record.dtype, torch.float32)
+        self.history: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # inputs per sequence
+        self.lengths = [0] * batch
+        self.stream: PeerStream | None = None
+
+    def __repr__(self) -> str:
+        return f"HopSession({self.peer_id[-8:]}, layers {self.layers})"
+
+    def _stream(self) -> PeerStream:
+        if self.stream is None:
+            raise ConnectionClosed(f"session with {self.peer_id} is closed", clean=True)
+        return self.stream
+
+    async def open(self, p2p: Any, limits: Limits, timeout: float) -> None:
+        self.stream = await open_stream(p2p, self.peer_id, limits)
+        reply = await self.stream.request(
+            {"type": m.OPEN, "session_id": self.session_id, "max_length": self.max_length,
+             "batch": self.batch, "layers": [self.layers.start, self.layers.end]},
+            timeout,
+        )
+        if reply.get("type") != m.OPENED:
+            raise RemoteError("bad_reply", f"expected 'opened', got {reply.get('type')!r}", True, self.peer_id)
+
+    async def send_step(
+        self, hidden: torch.Tensor, new_tokens: list[int], step_id: int, chain: list[tuple[str, str]] = ()
+    ) -> None:
+        stream = self._stream()
+        msg = {"type": m.STEP, "step_id": step_id, "hidden": encode_tensor(hidden.to(self.wire_dtype)),
+               "new_tokens": new_tokens, "positions": list(self.lengths)}
+        if chain:
+            msg["next"] = [list(hop) for hop in chain]
+        await stream.send(msg)
+
+    async def recv_result(self, step_id: int, timeout: float) -> torch.Tensor:
+        """The hidden states of step `step_id`, skipping leftovers of earlier steps."""
+        stream = self._stream()
+        while True:
+            try:
+                reply = await stream.recv(timeout)
+            except RemoteError as e:
+                if e.code == "push_failed":
+                    continue  # about the NEXT hop, which the client notices on that hop's stream
+                raise
+            if reply.get("type") == m.RESULT and reply.get("step_id") == step_id:
+                hidden = m.require_tensor(reply, "hidden", stream.limits, ndim=2)
+                return hidden.to(torch.float32)
+            if reply.get("type") == m.RESULT and isinstance(reply.get("step_id"), int) and reply["step_id"] < step_id:
+                continue
+            raise RemoteError("bad_reply", f"unexpected reply {reply.get('type')!r} to step {step_id}", True, self.peer_id)
+
+    def record_inputs(self, hidden: torch.Tensor, new_tokens: list[int]) -> None:
+        """Remember a step's inputs (after the peer accepted it) for a future replay."""
+        for seq, rows in enumerate(split_rows(hidden, new_tokens)):
+            self.history[seq].append(rows)
+            self.lengths[seq] += rows.shape[0]
+
+    def history_batch(self) -> tuple[torch.Tensor, list[int]] | None:
+        """All inputs so far as one ragged step, or None when nothing was sent yet."""
+        if not any(self.history):
+            return None
+        per_seq = [torch.cat(chunks) for chunks in self.history]
+        return torch.cat(per_seq), [t.shape[0] for t in per_seq]
+
+    async def truncate(self, length: int, timeout: float) -> None:
+        await self._stream().request({"type": m.TRUNCATE, "length": length}, timeout)
+        for seq in range(self.batch):
+            kept = torch.cat(self.history[seq])[:length] if self.history[seq] else None
+            self.history[seq] = [kept] if kept is not None and kept.shape[0] else []
+            self.lengths[seq] = min(self.lengths[seq], length)
+
+    async def close(self) -> None:
+        if self.stream is None:
+            return
+        stream, self.stream = self.stream, None
+        try:
+            if not stream.closed:
+                await stream.send({"type": m.CLOSE})
+        except Exception:
+            pass  # the peer frees the session when the stream goes away anyway
+        await stream.close()

@@ -1,0 +1,220 @@
+"""`DistributedModel`: a causal LM whose decoder layers live on swarm peers.
+
+The client holds the tokenizer, embeddings, final norm and LM head; everything between goes
+through an `InferenceSession` (generation) or stateless `forward` calls (scoring).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from client.config import ClientConfig
+from client.forward import forward_through_swarm
+from client.loop import LoopThread
+from client.sampling import SamplingParams, TokenChooser
+from client.session import InferenceSession
+from client.swarm_client import SwarmClient
+from shards.config import ModelConfig
+from shards.head import ModelHead
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor  # (B, T, V)
+
+
+def load_tokenizer(path: Path) -> Any | None:
+    """The checkpoint's tokenizer, or None when the folder has none (token ids still work)."""
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_generation_defaults(path: Path) -> Any | None:
+    if not (path / "generation_config.json").exists():
+        return None
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_pretrained(path)
+
+
+def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[list[int]]:
+    """(B, T) ids (+ mask) -> each sequence's real tokens (left padding removed)."""
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if attention_mask is None:
+        return [row.tolist() for row in input_ids]
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+    return [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
+
+
+class DistributedModel:
+    def __init__(self, path: Path, config: ClientConfig, *, dtype: torch.dtype = torch.float32) -> None:
+        """Prefer `DistributedModel.from_pretrained`."""
+        self.path = path
+        self.config = config
+        self.model_config = ModelConfig.from_pretrained(path)
+        self.head = ModelHead.from_pretrained(path, dtype=dtype)
+        self.tokenizer = load_tokenizer(path)
+        self.generation_defaults = load_generation_defaults(path)
+        self.model_name = config.model_name or path.resolve().name
+        self.loop = LoopThread()
+        try:
+            self.swarm = SwarmClient(config, self.model_name, self.model_config.num_layers, self.loop)
+        except BaseException:
+            self.loop.stop()
+            raise
+        self.last_session: InferenceSession | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        initial_peers: list[str] | tuple[str, ...] = (),
+        *,
+        model_name: str | None = None,
+        config: ClientConfig | None = None,
+        dtype: torch.dtype = torch.float32,
+        **config_overrides: Any,
+    ) -> DistributedModel:
+        """Join the swarm with the checkpoint folder's head, tokenizer and config.
+
+        `path` is a local checkpoint folder: the client needs its embeddings and LM head (a few
+        hundred MB at most), never the decoder layers.
+        """
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"{path} is not a local checkpoint folder; download or convert the model first "
+                "(for the demo model: python -m shards.demo_model)"
+            )
+        if not initial_peers and not (config and config.initial_peers):
+            raise ValueError("initial_peers is empty: pass the multiaddr of any peer of the swarm")
+        config = config or ClientConfig()
+        config = replace(
+            config,
+            initial_peers=tuple(initial_peers) or config.initial_peers,
+            model_name=model_name or config.model_name,
+            **config_overrides,
+        )
+        return cls(path, config, dtype=dtype)
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def inference_session(self, max_length: int, batch: int = 1) -> InferenceSession:
+        """A session that keeps its KV cache on the peers across `generate(..., session=...)` calls."""
+        if max_length < 1:
+            raise ValueError(f"max_length must be >= 1, got {max_length}")
+        return InferenceSession(self.swarm, max_length, batch)
+
+    # -- forward (scoring) ----------------------------------------------------------------------------
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> CausalLMOutput:
+        """One stateless forward pass through the swarm; logits (B, T, V) like transformers.
+
+        Left-padded positions get zero logits (they are never sent to the peers).
+        """
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        seqs = strip_left_padding(input_ids, attention_mask)
+        if any(not s for s in seqs):
+            raise ValueError("every sequence needs at least one token")
+        ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
+        hidden = self.head.embed(ids).float()  # (N, H)
+        new_tokens = [len(s) for s in seqs]
+        out = self.loop.run(forward_through_swarm(self.swarm, hidden, new_tokens), timeout=None)
+        logits_flat = self.head.logits(out).float()  # (N, V)
+        B, T = input_ids.shape
+        logits = torch.zeros(B, T, logits_flat.shape[-1])
+        for b, rows in enumerate(torch.split(logits_flat, new_tokens)):
+            logits[b, T - rows.shape[0] :] = rows
+        return CausalLMOutput(logits=logits)
+
+    # -- generation ---------------------------------------------------------------------------------
+    def _default(self, name: str, value: Any, fallback: Any) -> Any:
+        if value is not None:
+            return value
+        if self.generation_defaults is not None and getattr(self.generation_defaults, name, None) is not None:
+            return getattr(self.generation_defaults, name)
+        return fallback
+
+    def _eos_ids(self, eos_token_id: int | list[int] | None) -> tuple[int, ...]:
+        eos = self._default("eos_token_id", eos_token_id, None)
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        max_new_tokens: int = 20,
+        min_new_tokens: int = 0,
+        do_sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        streamer: Any = None,
+        session: InferenceSession | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Like transformers' `generate`: returns (B, T + new) with the prompt (padding kept) first.
+
+        With `session=`, the prompt continues that session's text (its earlier tokens stay cached
+        on the peers), so multi-turn chats pay only for the new tokens.
+        """
+        from client.generation import run_generation  # the loop lives apart from the API surface
+
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        eos = self._eos_ids(eos_token_id)
+        params = SamplingParams(
+            do_sample=bool(self._default("do_sample", do_sample, False)),
+            temperature=float(self._default("temperature", temperature, 1.0)),
+            top_k=int(self._default("top_k", top_k, 50)),
+            top_p=float(self._default("top_p", top_p, 1.0)),
+            repetition_penalty=float(self._default("repetition_penalty", repetition_penalty, 1.0)),
+            min_new_tokens=min_new_tokens,
+            eos_token_ids=eos,
+        )
+        pad = pad_token_id if pad_token_id is not None else self._default("pad_token_id", None, None)
+        if pad is None:
+            pad = eos[0] if eos else 0
+        return run_generation(
+            self, input_ids, attention_mask, TokenChooser(params, generator), max_new_tokens=max_new_tokens,
+            pad_token_id=int(pad), streamer=streamer, session=session,
+        )
+
+    def chat(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, **kwargs: Any) -> str:
+        """Reply to a chat (a list of {"role", "content"}) with the tokenizer's chat template."""
+        if self.tokenizer is None:
+            raise ValueError(f"{self.path} has no tokenizer; chat needs one")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+        if not isinstance(ids, torch.Tensor):  # newer transformers return a BatchEncoding
+            ids = ids["input_ids"]
+        out = self.generate(ids, max_new_tokens=max_new_tokens, **kwargs)
+        return self.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+    def close(self) -> None:
+        self.swarm.close()
+        self.loop.stop()
+
+    def __enter__(self) -> DistributedModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,233 @@
+"""`InferenceSession`: one generation's state across the swarm, with failover.
+
+A session holds a route (one `HopSession` per hop). A step sends the hidden states through the
+hops in order: the client relays between hops, or (push mode, decode steps) hands them the
+chain so each peer pushes straight to the next while still returning its output to us.
+
+When a hop fails (stream dropped, retryable error, timeout), the client bans that peer, plans
+a new route for that hop's layers only, replays the hop's recorded inputs into the new peers
+to rebuild their KV cache, and carries on: the output is the same as without the failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from client.hop import HopSession
+from client.swarm_client import SwarmClient
+from routing import NoRouteError
+from swarm.errors import ConnectionClosed, RemoteError
+
+logger = logging.getLogger(__name__)
+
+# Errors that say "this hop is unusable now": we reroute. Other RemoteErrors mean the
+# request itself is wrong (a bug or a user error) and are raised as they are.
+FAILOVER_CODES = {"busy", "push_failed", "timeout", "shutting_down", "internal", "wrong_layers",
+                  "out_of_order", "no_session", "bad_reply"}
+
+
+class SwarmError(RuntimeError):
+    """Generation through the swarm could not continue; the message says why and what to try."""
+
+
+def is_hop_failure(error: BaseException) -> bool:
+    if isinstance(error, RemoteError):
+        return error.retryable or error.code in FAILOVER_CODES
+    return isinstance(error, (ConnectionError, ConnectionClosed, asyncio.TimeoutError, OSError))
+
+
+@dataclass
+class SessionStats:
+    steps: int = 0
+    failovers: int = 0
+    retries: int = 0
+
+
+class InferenceSession:
+    """Use as a context manager; `step` runs on the caller's thread and waits for the swarm."""
+
+    def __init__(self, swarm: SwarmClient, max_length: int, batch: int = 1) -> None:
+        self.swarm = swarm
+        self.max_length = max_length
+        self.batch = batch
+        self.hops: list[HopSession] = []
+        self.lengths = [0] * batch  # tokens each sequence holds on the peers
+        self.stats = SessionStats()
+        self.failures: Counter[str] = Counter()  # by peer id
+        self._next_id = 0
+        self.closed = False
+        # Generation bookkeeping kept across `generate(..., session=...)` calls (multi-turn):
+        self.token_ids: list[list[int]] = [[] for _ in range(batch)]  # every token seen per sequence
+        self.pending: list[list[int]] = [[] for _ in range(batch)]  # sampled, not yet sent through
+
+    # -- sync facade ---------------------------------------------------------------------------
+    def step(self, hidden: torch.Tensor, new_tokens: list[int], push: bool | None = None) -> torch.Tensor:
+        """hidden (N, H), N = sum(new_tokens) -> (N, H) after all layers."""
+        if self.closed:
+            raise SwarmError("this inference session is closed; open a new one with model.inference_session()")
+        if len(new_tokens) != self.batch:
+            raise ValueError(f"session holds {self.batch} sequences, step has {len(new_tokens)}")
+        if max(done + n for done, n in zip(self.lengths, new_tokens)) > self.max_length:
+            raise ValueError(
+                f"step would exceed the session's max_length={self.max_length}; "
+                "open the session with a larger max_length"
+            )
+        use_push = self.swarm.config.push if push is None else push
+        timeout = self.swarm.config.step_timeout * (self.swarm.config.max_retries + 2) + 60
+        out = self.swarm.loop.run(self._step(hidden.to(torch.float32), new_tokens, use_push), timeout=timeout)
+        self.lengths = [done + n for done, n in zip(self.lengths, new_tokens)]
+        self.stats.steps += 1
+        return out
+
+    def truncate(self, length: int) -> None:
+        """Forget tokens past `length` in every sequence (rejected speculative tokens)."""
+        timeout = self.swarm.config.step_timeout
+        self.swarm.loop.run(asyncio.gather(*(h.truncate(length, timeout) for h in self.hops)), timeout=timeout + 5)
+        self.lengths = [min(done, length) for done in self.lengths]
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        hops, self.hops = self.hops, []
+        try:
+            self.swarm.loop.run(asyncio.gather(*(h.close() for h in hops), return_exceptions=True), timeout=10)
+        except Exception:
+            pass
+
+    def __enter__(self) -> InferenceSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- async core ------------------------------------------------------------------------------
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    @property
+    def _timeout(self) -> float:
+        return self.swarm.config.step_timeout
+
+    async def _step(self, hidden: torch.Tensor, new_tokens: list[int], push: bool) -> torch.Tensor:
+        if not self.hops:
+            self.hops = await self._open_route()
+        step_id = self._new_id()
+        index, x = 0, hidden
+        if push and len(self.hops) > 1 and self.lengths[0] > 0:
+            index, x = await self._push_step(x, new_tokens, step_id)
+        attempts = 0
+        while index < len(self.hops):
+            hop = self.hops[index]
+            try:
+                await hop.send_step(x, new_tokens, step_id)
+                y = await hop.recv_result(step_id, self._timeout)
+            except Exception as e:
+                if not is_hop_failure(e):
+                    raise self._user_error(hop, e) from e
+                attempts += 1
+                self.stats.retries += 1
+                if attempts > self.swarm.config.max_retries:
+                    raise SwarmError(f"layers {hop.layers} failed {attempts} times; last error: {e}") from e
+                await self._replace(index, e, attempts)
+                continue
+            hop.record_inputs(x, new_tokens)
+            x = y
+            index += 1
+        return x
+
+    async def _open_route(self) -> list[HopSession]:
+        """The first route of the session; a dead peer in a stale view is banned and re-planned."""
+        for attempt in range(1, self.swarm.config.max_retries + 1):
+            try:
+                return await self._open_span(0, self.swarm.num_layers, history=None)
+            except NoRouteError as e:
+                raise SwarmError(str(e)) from e
+            except Exception as e:
+                if not is_hop_failure(e) or attempt == self.swarm.config.max_retries:
+                    raise
+                self.stats.retries += 1
+                logger.warning("opening a route failed (%s); retrying", e)
+                await asyncio.sleep(self.swarm.config.retry_backoff * 2 ** (attempt - 1))
+        raise AssertionError("unreachable")
+
+    async def _push_step(self, x: torch.Tensor, new_tokens: list[int], step_id: int) -> tuple[int, torch.Tensor]:
+        """Send once; each hop pushes to the next. Returns (first hop that did not answer, its input)."""
+        chain = [(h.peer_id, h.session_id) for h in self.hops[1:]]
+        try:
+            await self.hops[0].send_step(x, new_tokens, step_id, chain)
+        except Exception as e:
+            if not is_hop_failure(e):
+                raise
+            return 0, x
+        for index, hop in enumerate(self.hops):
+            try:
+                y = await hop.recv_result(step_id, self._timeout)
+            except Exception as e:
+                if not is_hop_failure(e):
+                    raise self._user_error(hop, e) from e
+                logger.info("push through %s failed at step %d (%s); relaying from here", hop, step_id, e)
+                return index, x
+            hop.record_inputs(x, new_tokens)
+            x = y
+        return len(self.hops), x
+
+    async def _replace(self, index: int, error: BaseException, attempt: int) -> None:
+        """Swap hop `index` for a freshly planned route over its layers, replaying its inputs."""
+        hop = self.hops[index]
+        self.stats.failovers += 1
+        self.failures[hop.peer_id] += 1
+        logger.warning("peer %s failed on layers %s (%s: %s); rerouting", hop.peer_id, hop.layers,
+                       type(error).__name__, error)
+        self.swarm.ban(hop.peer_id)
+        await hop.close()
+        await asyncio.sleep(min(self.swarm.config.retry_backoff * 2 ** (attempt - 1), 10.0))
+        try:
+            new_hops = await self._open_span(hop.layers.start, hop.layers.end, history=hop.history)
+        except Exception as e:
+            if isinstance(e, NoRouteError) or is_hop_failure(e):
+                logger.warning("rerouting layers %s failed: %s", hop.layers, e)
+                return  # the step loop retries this index (with the closed hop) up to max_retries
+            raise
+        self.hops[index : index + 1] = new_hops
+
+    async def _open_span(
+        self, start: int, end: int, history: list[list[torch.Tensor]] | None
+    ) -> list[HopSession]:
+        """Open hops covering [start, end); replay `history` (inputs of layer `start`) into them."""
+        route = await self.swarm.plan(start, end, fresh=history is not None)
+        view = await self.swarm.view()
+        hops: list[HopSession] = []
+        x, new_tokens = None, None
+        if history is not None and any(history):
+            per_seq = [torch.cat(chunks) for chunks in history]
+            x, new_tokens = torch.cat(per_seq), [t.shape[0] for t in per_seq]
+        try:
+            for planned in route:
+                hop = HopSession(view.records[planned.peer_id], planned.layers, self.batch, self.max_length)
+                hops.append(hop)
+                await asyncio.wait_for(hop.open(self.swarm.p2p, self.swarm.limits, self._timeout),
+                                       self.swarm.config.connect_timeout + self._timeout)
+                if x is not None:
+                    replay_id = self._new_id()
+                    await hop.send_step(x, new_tokens, replay_id)
+                    y = await hop.recv_result(replay_id, self._timeout)
+                    hop.record_inputs(x, new_tokens)
+                    x = y
+        except Exception as e:
+            if hops and is_hop_failure(e):
+                self.swarm.ban(hops[-1].peer_id)
+            await asyncio.gather(*(h.close() for h in hops), return_exceptions=True)
+            raise
+        return hops
+
+    def _user_error(self, hop: HopSession, error: BaseException) -> BaseException:
+        if isinstance(error, RemoteError):
+            return SwarmError(f"peer {hop.peer_id} refused the request: {error.message} ({error.code})")
+        return error

@@ -1,0 +1,11 @@
+"""The peer process: serves a contiguous range of a model's layers to the swarm.
+
+- `config.py`: `PeerConfig`, `ServingLimits` (what a peer is told at start; no I/O).
+- `server.py`: `PeerServer`, the process's life: load shard, join DHT, announce, stop cleanly.
+- `handler.py`: the `layerswarm/v1` stream protocol (info, forward, open, step, push, truncate, close).
+- `sessions.py`: peer-side sessions and their KV page tables; session limits and admission.
+- `scheduler.py`: continuous batching of many sessions' steps into one forward pass.
+- `push.py`: server-to-server push of a session's output to the next hop.
+- `throughput.py`: the startup benchmark announced in the peer's record.
+- `cli.py`: the `swarm-peer` command (`dht`, `serve`, `generate`).
+"""

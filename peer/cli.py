@@ -1,0 +1,201 @@
+"""`swarm-peer`: run a bootstrap DHT node, serve layers of a model, or generate text.
+
+stdout carries only machine-readable lines (multiaddrs, then `online PEER_ID START:END`), so
+scripts and tests can wait for them; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from peer.config import PeerConfig, ServingLimits
+from swarm.types import LayerRange
+
+app = typer.Typer(
+    help="layerswarm peer: serve a range of a model's layers to the swarm.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+logger = logging.getLogger("swarm-peer")
+
+InitialPeers = Annotated[
+    list[str] | None,
+    typer.Option("--initial-peers", help="Multiaddr of a peer already in the swarm (repeatable). None: start a new swarm."),
+]
+HostMaddrs = Annotated[
+    list[str] | None,
+    typer.Option("--host-maddrs", help="Multiaddr to listen on (repeatable). Default /ip4/127.0.0.1/tcp/0; use /ip4/0.0.0.0/tcp/PORT to accept other machines."),
+]
+Identity = Annotated[
+    Path | None,
+    typer.Option("--identity", help="Private key file; created (mode 0600) if missing, so the peer id survives restarts."),
+]
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def say(line: str) -> None:
+    """A machine-readable line on stdout, flushed at once (others wait on it)."""
+    print(line, flush=True)
+
+
+def _run_until_signal(main_coro_factory) -> None:
+    """Run the coroutine with SIGINT/SIGTERM turned into a clean stop."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main_coro_factory(stop)
+
+    asyncio.run(runner())
+
+
+@app.command()
+def dht(
+    host_maddrs: HostMaddrs = None,
+    initial_peers: InitialPeers = None,
+    identity: Identity = None,
+    log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "info",
+) -> None:
+    """Run a bootstrap DHT node that others join; prints its multiaddrs on stdout, one per line."""
+    setup_logging(log_level)
+    from swarm.dht import SwarmNode
+
+    async def main(stop: asyncio.Event) -> None:
+        node = SwarmNode(
+            initial_peers=initial_peers or [],
+            host_maddrs=host_maddrs or ["/ip4/127.0.0.1/tcp/0"],
+            identity_path=str(identity) if identity else None,
+        )
+        try:
+            for addr in node.visible_maddrs():
+                say(addr)
+            logger.info("DHT node %s is up; Ctrl-C to stop", node.peer_id)
+            await stop.wait()
+        finally:
+            node.shutdown()
+
+    _run_until_signal(main)
+
+
+@app.command()
+def serve(
+    model: Annotated[Path, typer.Option("--model", help="Hugging Face checkpoint folder (safetensors + config.json).")],
+    layers: Annotated[str, typer.Option("--layers", help="Layers to serve, half-open START:END, e.g. 0:15.")],
+    initial_peers: InitialPeers = None,
+    model_name: Annotated[str | None, typer.Option(help="Name of the model in the DHT. Default: the checkpoint folder's name.")] = None,
+    host_maddrs: HostMaddrs = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda (cuda:N).")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    cache_tokens: Annotated[int, typer.Option(help="KV cache size in tokens, shared by all sessions.")] = 8192,
+    page_size: Annotated[int, typer.Option(help="Tokens per KV cache page.")] = 16,
+    public_name: Annotated[str, typer.Option(help="A name shown on the monitor page.")] = "",
+    identity: Identity = None,
+    max_chunk_tokens: Annotated[int, typer.Option(help="Largest batch of tokens per forward pass; long prefills are split into chunks of this size.")] = 512,
+    batch_window: Annotated[float, typer.Option(help="Seconds to gather steps of other sessions into one batch while busy.")] = 0.002,
+    alloc_timeout: Annotated[float, typer.Option(help="Seconds a step waits for free KV pages before a 'busy' error.")] = 5.0,
+    announce_ttl: Annotated[float, typer.Option(help="Seconds the DHT keeps our record without a refresh.")] = 30.0,
+    max_sessions: Annotated[int, typer.Option(help="Open sessions at most, all clients together.")] = 256,
+    max_sessions_per_remote: Annotated[int, typer.Option(help="Open sessions at most per client peer.")] = 64,
+    max_length: Annotated[int, typer.Option(help="Tokens at most per sequence of a session.")] = 8192,
+    idle_timeout: Annotated[float, typer.Option(help="Seconds without a step before a session is closed.")] = 300.0,
+    max_frame_mb: Annotated[int, typer.Option(help="Largest frame accepted, in MiB.")] = 256,
+    num_threads: Annotated[int, typer.Option(help="Torch CPU threads (0: torch's default).")] = 0,
+    faulty: Annotated[float, typer.Option(hidden=True, help="TEST ONLY: add noise of this std to outputs.")] = 0.0,
+    log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "info",
+) -> None:
+    """Serve layers START:END of a model to the swarm until Ctrl-C / SIGTERM."""
+    setup_logging(log_level)
+    try:
+        layer_range = LayerRange.parse(layers)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--layers") from None
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise typer.BadParameter(f"{dtype!r}: choose float32, bfloat16 or float16", param_hint="--dtype")
+    if not model.is_dir():
+        raise typer.BadParameter(f"{model} is not a folder; pass a checkpoint folder", param_hint="--model")
+    config = PeerConfig(
+        model_path=model,
+        layers=layer_range,
+        model_name=model_name or model.resolve().name,
+        initial_peers=tuple(initial_peers or ()),
+        host_maddrs=tuple(host_maddrs or ("/ip4/127.0.0.1/tcp/0",)),
+        identity_path=identity,
+        device=device,
+        dtype=dtype,
+        cache_tokens=cache_tokens,
+        page_size=page_size,
+        public_name=public_name,
+        announce_ttl=announce_ttl,
+        batch_window=batch_window,
+        max_chunk_tokens=max_chunk_tokens,
+        alloc_timeout=alloc_timeout,
+        num_threads=num_threads,
+        faulty=faulty,
+        limits=ServingLimits(
+            max_frame_bytes=max_frame_mb * 2**20,
+            max_sessions=max_sessions,
+            max_sessions_per_remote=max_sessions_per_remote,
+            max_length=max_length,
+            idle_timeout=idle_timeout,
+        ),
+    )
+
+    async def main(stop: asyncio.Event) -> None:
+        from peer.server import PeerServer
+        from shards.errors import CheckpointError
+
+        server = PeerServer(config)
+        try:
+            try:
+                await server.start()
+            except CheckpointError as e:
+                logger.error("%s", e)
+                raise SystemExit(2) from None
+            if not config.initial_peers:
+                for addr in server.visible_maddrs():
+                    say(addr)
+            say(f"online {server.peer_id} {config.layers}")
+            await stop.wait()
+        finally:
+            await server.stop()
+
+    _run_until_signal(main)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def generate(ctx: typer.Context) -> None:
+    """Generate text through the swarm (see `swarm-peer generate --help`)."""
+    # The client lives in its own package, which the peer must not import; hand over the
+    # command line to it in a fresh interpreter instead.
+    os.execv(sys.executable, [sys.executable, "-m", "client.cli", *ctx.args])
+
+
+if __name__ == "__main__":
+    app()

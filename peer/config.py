@@ -1,0 +1,48 @@
+"""`PeerConfig`: everything a peer process is told at start; building one does no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swarm.types import LayerRange
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """Per-peer protection against greedy or hostile clients; each is a `swarm-peer serve` option."""
+
+    max_frame_bytes: int = 256 * 2**20  # one frame; a 2048-token prefill of a 8192-wide model is 64 MiB
+    max_tensor_elements: int = 64 * 2**20
+    max_sessions: int = 256
+    max_sessions_per_remote: int = 64
+    max_length: int = 8192  # tokens per sequence of a session
+    max_batch: int = 64  # sequences per session
+    idle_timeout: float = 300.0  # seconds without a step before a session is closed and its pages freed
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    model_path: Path
+    layers: LayerRange
+    model_name: str
+    initial_peers: tuple[str, ...] = ()
+    host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    identity_path: Path | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    cache_tokens: int = 8192
+    page_size: int = 16
+    public_name: str = ""
+    announce_ttl: float = 30.0  # a killed peer's record vanishes at most this long after its death
+    batch_window: float = 0.002  # seconds to wait for more steps when the compute is busy
+    max_chunk_tokens: int = 512  # prefill chunk, so a long prompt never stalls other sessions' decodes
+    alloc_timeout: float = 5.0  # a step that finds the page pool full waits this long, then gets "busy"
+    step_timeout: float = 30.0  # downstream push timeout
+    num_threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    faulty: float = 0.0  # TEST ONLY: std of noise added to outputs, to exercise client verification
+    limits: ServingLimits = field(default_factory=ServingLimits)
+
+    @property
+    def num_pages(self) -> int:
+        return max(1, self.cache_tokens // self.page_size)

@@ -1,0 +1,311 @@
+"""The `layerswarm/v1` stream handler: one libp2p stream per client session (see docs/protocol.md).
+
+Every request is validated before anything is allocated; every refusal is an `error` frame and
+the stream (and every other session) keeps working. Only an oversized or cut frame ends the
+stream, because its remaining bytes cannot be resynchronised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from peer.push import PushLinks
+from peer.scheduler import BatchScheduler, WorkItem
+from peer.sessions import PeerSession, SessionRegistry
+from swarm import messages as m
+from swarm.codec import DTYPES, Limits, decode_message, encode_message, encode_tensor
+from swarm.errors import ConnectionClosed, FrameTooLarge, ProtocolError
+from swarm.framing import read_frame, write_frame
+from swarm.types import LayerRange
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServedModel:
+    """What the handler needs to know about the layers this peer serves."""
+
+    layers: LayerRange
+    hidden_size: int
+    dtype: torch.dtype
+    max_new_tokens_per_step: int = 8192
+
+
+@dataclass
+class Replier:
+    """Writes frames to one stream; a lock keeps frames from concurrent tasks whole."""
+
+    writer: asyncio.StreamWriter
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        payload = encode_message(msg)
+        async with self.lock:
+            await write_frame(self.writer, payload)
+
+
+class StreamHandler:
+    def __init__(
+        self,
+        served: ServedModel,
+        registry: SessionRegistry,
+        scheduler: BatchScheduler,
+        push_links: PushLinks,
+        limits: Limits,
+        info: Callable[[], dict[str, Any]],
+        alloc_timeout: float,
+        accepting: Callable[[], bool],
+        faulty: float = 0.0,
+    ) -> None:
+        self.served = served
+        self.registry = registry
+        self.scheduler = scheduler
+        self.push_links = push_links
+        self.limits = limits
+        self.info = info
+        self.alloc_timeout = alloc_timeout
+        self.accepting = accepting
+        self.faulty = faulty
+        self.repliers: dict[str, Replier] = {}  # session id -> the client stream its results go to
+        self.errors: Counter[str] = Counter()  # error frames sent, by code (exported as metrics)
+
+    async def handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        remote = str(stream_info.peer_id)
+        replier = Replier(writer)
+        owned: list[str] = []  # sessions opened on this stream die with it
+        try:
+            while True:
+                try:
+                    payload = await read_frame(reader, self.limits.max_frame_bytes)
+                except FrameTooLarge as e:
+                    await self._send_error(replier, e)
+                    return
+                try:
+                    msg = decode_message(payload, self.limits)
+                    reply = await self._dispatch(msg, remote, replier, owned)
+                except ProtocolError as e:
+                    await self._send_error(replier, e)
+                    continue
+                except (ConnectionClosed, ConnectionError):
+                    raise
+                except Exception as e:  # a bug or a failed forward pass: answer, keep serving
+                    logger.exception("request from %s failed", remote)
+                    await self._send_error(replier, ProtocolError("internal", str(e), retryable=True))
+                    continue
+                if reply is not None:
+                    await replier.send(reply)
+        except (ConnectionClosed, ConnectionError):
+            pass
+        except Exception:  # never let one stream take the peer down
+            logger.exception("stream handler failed for %s", remote)
+        finally:
+            for session_id in owned:
+                await self._close_session(session_id)
+            writer.close()
+
+    async def _close_session(self, session_id: str) -> None:
+        self.repliers.pop(session_id, None)
+        self.push_links.close(session_id)
+        await self.registry.close(session_id)
+
+    async def fail_all(self, code: str, message: str) -> None:
+        """Tell every open session why it ends (peer shutdown), then free its pages."""
+        for session_id, replier in list(self.repliers.items()):
+            await self._send_error(replier, ProtocolError(code, message, retryable=True))
+            await self._close_session(session_id)
+
+    async def _send_error(self, replier: Replier, error: ProtocolError) -> None:
+        self.errors[error.code] += 1
+        try:
+            await replier.send(error.to_message())
+        except (ConnectionError, ConnectionClosed):
+            pass
+
+    async def _dispatch(
+        self, msg: dict[str, Any], remote: str, replier: Replier, owned: list[str]
+    ) -> dict[str, Any] | None:
+        kind = m.require_type(msg)
+        if kind == m.INFO:
+            return {"type": m.INFO, **self.info()}
+        if kind == m.FORWARD:
+            return await self._forward(msg)
+        if kind == m.OPEN:
+            return self._open(msg, remote, replier, owned)
+        if kind == m.STEP:
+            session = self.registry.get(self._own_session(msg, owned))
+            await self._step(session, msg, replier)
+            return None
+        if kind == m.PUSH:
+            session = self.registry.get(m.require_str(msg, "session_id"))
+            # A push's result goes to the stream that opened the session, not back to the pusher.
+            asyncio.get_running_loop().create_task(self._pushed_step(session, msg))
+            return None
+        if kind == m.TRUNCATE:
+            session = self.registry.get(self._own_session(msg, owned))
+            length = m.require_int(msg, "length", min=0)
+            await self.registry.truncate(session, length)
+            return {"type": m.TRUNCATED, "length": length}
+        if kind == m.CLOSE:
+            session_id = self._own_session(msg, owned)
+            owned.remove(session_id)
+            await self._close_session(session_id)
+            return {"type": m.CLOSED, "session_id": session_id}
+        raise ProtocolError("unknown_type", f"{kind!r} is not a request a peer answers")
+
+    def _own_session(self, msg: dict[str, Any], owned: list[str]) -> str:
+        session_id = m.require_str(msg, "session_id", default=owned[0] if owned else "")
+        if session_id not in owned:
+            raise ProtocolError("no_session", f"session {session_id!r} was not opened on this stream; send open first")
+        return session_id
+
+    def _layers_of(self, msg: dict[str, Any]) -> LayerRange:
+        """The request's layer sub-range (default: all served layers), which this peer must cover."""
+        if "layers" not in msg:
+            return self.served.layers
+        wanted = LayerRange(*m.require_layers(msg))
+        if not self.served.layers.covers(wanted):
+            raise ProtocolError(
+                "wrong_layers", f"this peer serves layers {self.served.layers}, not {wanted}", retryable=True
+            )
+        return wanted
+
+    def _hidden(self, msg: dict[str, Any], new_tokens: list[int]) -> torch.Tensor:
+        """The step's hidden states, checked: shape (sum(new_tokens), H), our dtype, all finite."""
+        hidden = m.require_tensor(msg, "hidden", self.limits, ndim=2, dtypes=tuple(d for d, _ in DTYPES.values()))
+        if hidden.dtype != self.served.dtype:
+            raise ProtocolError("bad_tensor", f"hidden states must be {self.served.dtype}, got {hidden.dtype}")
+        if hidden.shape[1] != self.served.hidden_size:
+            raise ProtocolError(
+                "bad_tensor", f"hidden size must be {self.served.hidden_size}, got {hidden.shape[1]}"
+            )
+        if hidden.shape[0] != sum(new_tokens):
+            raise ProtocolError(
+                "bad_field", f"hidden has {hidden.shape[0]} rows but new_tokens sums to {sum(new_tokens)}"
+            )
+        if not torch.isfinite(hidden).all():
+            raise ProtocolError("bad_tensor", "hidden states contain NaN or infinity")
+        return hidden
+
+    async def _forward(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if not self.accepting():
+            raise ProtocolError("shutting_down", "this peer is leaving; route elsewhere", retryable=True)
+        layers = self._layers_of(msg)
+        new_tokens = m.require_int_list(msg, "new_tokens", min=1, max=self.registry.limits.max_length)
+        if not 1 <= len(new_tokens) <= self.registry.limits.max_batch:
+            raise ProtocolError("bad_field", f"new_tokens must list 1..{self.registry.limits.max_batch} sequences")
+        hidden = self._hidden(msg, new_tokens)
+        item = WorkItem(hidden, new_tokens, [0] * len(new_tokens), None, (layers.start, layers.end),
+                        asyncio.get_running_loop().create_future())
+        output = await self.scheduler.submit(item)
+        return {"type": m.RESULT, "hidden": encode_tensor(self._maybe_corrupt(output))}
+
+    def _open(self, msg: dict[str, Any], remote: str, replier: Replier, owned: list[str]) -> dict[str, Any]:
+        if not self.accepting():
+            raise ProtocolError("shutting_down", "this peer is leaving; route elsewhere", retryable=True)
+        session_id = m.require_str(msg, "session_id", max_len=128, default="") or uuid.uuid4().hex
+        max_length = m.require_int(msg, "max_length", min=1)
+        batch = m.require_int(msg, "batch", min=1, default=1)
+        layers = self._layers_of(msg)
+        self.registry.open(session_id, remote, layers, max_length, batch)
+        owned.append(session_id)
+        self.repliers[session_id] = replier
+        return {"type": m.OPENED, "session_id": session_id, "page_size": self.registry.pool.page_size}
+
+    async def _step(self, session: PeerSession, msg: dict[str, Any], replier: Replier) -> None:
+        """Run one step; answer on `replier`, then push the output down the `next` chain if any.
+
+        The answer goes out before the push so the client holds every hop's output (it replays
+        them into a replacement when a later hop dies) at no cost to the push's latency.
+        """
+        step_id = m.require_int(msg, "step_id", min=0)
+        new_tokens = m.require_int_list(msg, "new_tokens", length=len(session.tables), min=1)
+        positions = m.require_int_list(msg, "positions", length=len(session.tables), min=0)
+        chain = parse_chain(msg)
+        if positions != session.lengths:
+            raise ProtocolError(
+                "out_of_order", f"positions {positions} do not follow the cached lengths {session.lengths}"
+            )
+        if max(p + n for p, n in zip(positions, new_tokens)) > session.max_length:
+            raise ProtocolError("too_long", f"step would exceed the session's max_length {session.max_length}")
+        hidden = self._hidden(msg, new_tokens)
+        if session.busy:
+            raise ProtocolError("out_of_order", "a step of this session is still running")
+        session.busy = True
+        try:
+            output = await self._compute(session, hidden, new_tokens)
+        finally:
+            session.busy = False
+        encoded = encode_tensor(output)
+        await replier.send({"type": m.RESULT, "step_id": step_id, "hidden": encoded})
+        if chain:
+            (peer_id, next_session), rest = chain[0], chain[1:]
+            pushed = {"type": m.PUSH, "session_id": next_session, "step_id": step_id, "hidden": encoded,
+                      "new_tokens": new_tokens, "positions": positions, "next": [list(h) for h in rest]}
+            try:
+                await self.push_links.send(session.session_id, peer_id, pushed)
+            except Exception as e:  # the client replaces the downstream hop
+                raise ProtocolError(
+                    "push_failed", f"step {step_id}: could not push to {peer_id}: {e}", retryable=True
+                ) from e
+
+    async def _pushed_step(self, session: PeerSession, msg: dict[str, Any]) -> None:
+        """Run a step that arrived from the previous hop; answer on the session's client stream."""
+        replier = self.repliers.get(session.session_id)
+        if replier is None:
+            return
+        try:
+            await self._step(session, msg, replier)
+        except ProtocolError as e:
+            await self._send_error(replier, e)
+            return
+        except Exception as e:
+            logger.exception("pushed step failed")
+            await self._send_error(replier, ProtocolError("internal", str(e), retryable=True))
+            return
+
+    async def _compute(self, session: PeerSession, hidden: torch.Tensor, new_tokens: list[int]) -> torch.Tensor:
+        old = await self.registry.reserve(session, new_tokens, self.alloc_timeout)
+        item = WorkItem(
+            hidden, new_tokens, old, [t.pages for t in session.tables],
+            (session.layers.start, session.layers.end), asyncio.get_running_loop().create_future(),
+        )
+        session.inflight = item.future  # closing the session cancels it (see SessionRegistry.close)
+        try:
+            output = await self.scheduler.submit(item)
+        except Exception:
+            await self.registry.rollback(session, old)
+            raise
+        finally:
+            session.inflight = None
+        return self._maybe_corrupt(output)
+
+    def _maybe_corrupt(self, output: torch.Tensor) -> torch.Tensor:
+        # TEST ONLY (`--faulty`): a lying peer, so client verification can be exercised.
+        if self.faulty > 0:
+            return output + self.faulty * torch.randn_like(output)
+        return output
+
+
+
+MAX_CHAIN = 64  # hops a push may still travel; a route longer than this is not sensible
+
+
+def parse_chain(msg: dict[str, Any]) -> list[tuple[str, str]]:
+    """The optional `next` field: [[peer_id, session_id], ...], the hops downstream of this one."""
+    chain = msg.get("next", [])
+    if not isinstance(chain, list) or len(chain) > MAX_CHAIN:
+        raise ProtocolError("bad_field", f"field 'next' must be a list of at most {MAX_CHAIN} [peer_id, session_id]")
+    hops = []
+    for hop in chain:
+        if not (isinstance(hop, list) and len(hop) == 2 and all(isinstance(x, str) and 0 < len(x) <= 128 for x in hop)):
+            raise ProtocolError("bad_field", "each entry of 'next' must be [peer_id, session_id] strings")
+        hops.append((hop[0], hop[1]))
+    return hops

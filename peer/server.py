@@ -1,0 +1,195 @@
+"""`PeerServer`: the life of one peer process, from loading weights to a clean goodbye.
+
+start: load the shard -> join the DHT -> register the stream handler -> measure throughput ->
+announce ONLINE (and keep re-announcing before the record expires).
+stop: announce OFFLINE -> refuse new work -> tell open sessions -> free everything -> leave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from importlib.metadata import PackageNotFoundError, version
+
+import torch
+
+from peer.config import PeerConfig
+from peer.handler import ServedModel, StreamHandler
+from peer.push import PushLinks
+from peer.scheduler import BatchScheduler
+from peer.sessions import SessionRegistry
+from peer.throughput import measure_throughput
+from shards.batch import BatchLayout
+from shards.paging import PagePool
+from shards.shard import Shard
+from swarm.codec import Limits
+from swarm.dht import SwarmNode
+from swarm.messages import PROTOCOL_NAME
+from swarm.types import PeerRecord, PeerState
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def software_version() -> str:
+    try:
+        return version("layerswarm")
+    except PackageNotFoundError:
+        return "dev"
+
+
+class PeerServer:
+    def __init__(self, config: PeerConfig) -> None:
+        self.config = config
+        self.state = PeerState.JOINING
+        self.throughput = 0.0
+        self.started = time.time()
+        self.node: SwarmNode | None = None
+        self._stop = asyncio.Event()
+
+    async def start(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        if cfg.num_threads > 0:
+            torch.set_num_threads(cfg.num_threads)
+        logger.info("loading layers %s of %s (%s, %s)", cfg.layers, cfg.model_path, cfg.dtype, cfg.device)
+        self.shard = await loop.run_in_executor(
+            None,
+            lambda: Shard.from_pretrained(
+                cfg.model_path, cfg.layers.start, cfg.layers.end, dtype=DTYPES[cfg.dtype], device=cfg.device
+            ),
+        )
+        self.pool = PagePool(cfg.num_pages, cfg.page_size)
+        self.cache = self.shard.new_cache(cfg.num_pages, cfg.page_size)
+        self.registry = SessionRegistry(self.pool, cfg.limits)
+        self.scheduler = BatchScheduler(
+            self._run_batch, page_size=cfg.page_size, max_batch_tokens=cfg.max_chunk_tokens,
+            batch_window=cfg.batch_window,
+        )
+        self.scheduler.start()
+        logger.info("joining the swarm (%d initial peers)", len(cfg.initial_peers))
+        self.node = await loop.run_in_executor(
+            None,
+            lambda: SwarmNode(
+                initial_peers=list(cfg.initial_peers),
+                host_maddrs=list(cfg.host_maddrs),
+                identity_path=str(cfg.identity_path) if cfg.identity_path else None,
+            ),
+        )
+        self.p2p = await self.node.replicate_p2p()
+        self.limits = Limits(cfg.limits.max_frame_bytes, cfg.limits.max_tensor_elements)
+        self.push_links = PushLinks(self.p2p, self.limits, cfg.step_timeout)
+        self.handler = StreamHandler(
+            ServedModel(cfg.layers, self.shard.config.hidden_size, DTYPES[cfg.dtype]),
+            self.registry, self.scheduler, self.push_links, self.limits, self.info,
+            cfg.alloc_timeout, lambda: self.state is not PeerState.OFFLINE, cfg.faulty,
+        )
+        await self.p2p.add_binary_stream_handler(PROTOCOL_NAME, self.handler.handle)
+        await self._announce()  # JOINING: visible to monitors while we measure
+        self.throughput = await loop.run_in_executor(
+            None, lambda: measure_throughput(self.shard, page_size=cfg.page_size)
+        )
+        logger.info("throughput: %.1f tokens/s through %d layers", self.throughput, len(cfg.layers))
+        self.state = PeerState.ONLINE
+        await self._announce()
+        self._background = [
+            loop.create_task(self._announce_loop(), name="announce"),
+            loop.create_task(self._reap_loop(), name="reap-idle"),
+        ]
+
+    @property
+    def peer_id(self) -> str:
+        assert self.node is not None
+        return self.node.peer_id
+
+    def visible_maddrs(self) -> list[str]:
+        assert self.node is not None
+        return self.node.visible_maddrs()
+
+    def record(self) -> PeerRecord:
+        cfg = self.config
+        return PeerRecord(
+            peer_id=self.peer_id, model=cfg.model_name, layers=cfg.layers, state=self.state,
+            throughput=self.throughput, free_pages=self.pool.num_free, total_pages=self.pool.num_pages,
+            page_size=cfg.page_size, dtype=cfg.dtype, quant="none", version=software_version(),
+            public_name=cfg.public_name, fingerprint=self.shard.fingerprint,
+            addrs=tuple(self.visible_maddrs()), num_layers=self.shard.config.num_layers, updated=time.time(),
+        )
+
+    def info(self) -> dict:
+        return {
+            "record": self.record().to_dict(),
+            "stats": {
+                "sessions": len(self.registry.sessions),
+                "queued_steps": self.scheduler.queued,
+                "batches_run": self.scheduler.batches_run,
+                "tokens_run": self.scheduler.tokens_run,
+                "busy_seconds": round(self.scheduler.busy_seconds, 3),
+                "pushes": self.push_links.pushes,
+                "uptime": round(time.time() - self.started, 1),
+                "errors": dict(self.handler.errors),
+                "refusals": dict(self.registry.counters),
+            },
+        }
+
+    def _run_batch(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int], stateful: bool):
+        hidden = hidden.to(self.shard.device)
+        output = self.shard.forward(hidden, layout, self.cache if stateful else None, layers=layers)
+        return output.to("cpu")
+
+    async def _announce(self) -> None:
+        record = self.record()
+        ok = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.node.announce(record, self.config.announce_ttl)
+        )
+        if not ok:
+            logger.warning("announcing %s to the DHT failed; will retry", record.state.value)
+
+    async def _announce_loop(self) -> None:
+        # Re-announce at a third of the TTL: two lost announcements in a row still leave us visible.
+        while True:
+            await asyncio.sleep(self.config.announce_ttl / 3)
+            try:
+                await self._announce()
+            except Exception:
+                logger.exception("announce failed")
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(5.0, self.config.limits.idle_timeout / 2))
+            for session_id in await self.registry.close_idle():
+                logger.info("closed idle session %s", session_id)
+                self.push_links.close(session_id)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stop.wait()
+
+    async def stop(self) -> None:
+        """Leave politely: OFFLINE first, so clients stop routing here before sessions end."""
+        logger.info("stopping: announcing OFFLINE")
+        self.state = PeerState.OFFLINE
+        for task in getattr(self, "_background", []):
+            task.cancel()
+        if self.node is not None:
+            try:
+                await asyncio.wait_for(self._announce(), timeout=5)
+            except Exception:
+                logger.warning("could not announce OFFLINE; the record will expire by itself")
+        if hasattr(self, "handler"):
+            await self.handler.fail_all("shutting_down", "this peer is shutting down; fail over to another peer")
+            self.push_links.close_all()
+        if hasattr(self, "scheduler"):
+            await self.scheduler.stop()
+        if self.node is not None:
+            try:
+                await self.p2p.shutdown()
+            except Exception:
+                pass
+            self.node.shutdown()
+        logger.info("stopped")
+
