@@ -19,11 +19,11 @@ from routing import (
 from swarm.types import LayerRange, PeerState
 from tests.routing_helpers import rec, view
 
-J, O = PeerState.JOINING, PeerState.OFFLINE
+J, OFF = PeerState.JOINING, PeerState.OFFLINE
 
 
 def test_layer_throughput_counts_online_and_joining_but_servers_only_online() -> None:
-    v = view(4, rec("a", "0:2", 2.0), rec("j", "1:3", 5.0, state=J), rec("o", "0:4", 9.0, state=O))
+    v = view(4, rec("a", "0:2", 2.0), rec("j", "1:3", 5.0, state=J), rec("o", "0:4", 9.0, state=OFF))
     assert layer_throughput(v) == [2.0, 7.0, 5.0, 0.0]
     assert layer_throughput(v, without="j") == [2.0, 2.0, 0.0, 0.0]
     assert layer_servers(v) == [1, 1, 0, 0]
