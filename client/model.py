@@ -110,11 +110,14 @@ class DistributedModel:
         return cls(path, config, dtype=dtype)
 
     # -- sessions ---------------------------------------------------------------------------------
-    def inference_session(self, max_length: int, batch: int = 1) -> InferenceSession:
-        """A session that keeps its KV cache on the peers across `generate(..., session=...)` calls."""
+    def inference_session(self, max_length: int, batch: int = 1, push: bool | None = None) -> InferenceSession:
+        """A session that keeps its KV cache on the peers across `generate(..., session=...)` calls.
+
+        `push` (default: the client config's) lets peers pass decode steps straight to each other.
+        """
         if max_length < 1:
             raise ValueError(f"max_length must be >= 1, got {max_length}")
-        return InferenceSession(self.swarm, max_length, batch)
+        return InferenceSession(self.swarm, max_length, batch, push)
 
     # -- forward (scoring) ----------------------------------------------------------------------------
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> CausalLMOutput:

@@ -65,7 +65,8 @@ class TokenChooser:
             ids = torch.tensor([token_ids[b]], dtype=torch.long)  # (1, T_b): sequences are ragged
             scores = self.processors(ids, scores)
             if generated < self.params.min_new_tokens and self.params.eos_token_ids:
-                scores[:, list(self.params.eos_token_ids)] = -float("inf")
+                eos = torch.tensor(self.params.eos_token_ids, dtype=torch.long)
+                scores = scores.index_fill(1, eos, -float("inf"))  # out of place: logits may be inference tensors
             if self.params.do_sample:
                 probs = torch.softmax(self.warpers(ids, scores), dim=-1)
                 chosen.append(int(torch.multinomial(probs[0], 1, generator=self.generator)))

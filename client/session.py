@@ -51,8 +51,9 @@ class SessionStats:
 class InferenceSession:
     """Use as a context manager; `step` runs on the caller's thread and waits for the swarm."""
 
-    def __init__(self, swarm: SwarmClient, max_length: int, batch: int = 1) -> None:
+    def __init__(self, swarm: SwarmClient, max_length: int, batch: int = 1, push: bool | None = None) -> None:
         self.swarm = swarm
+        self.push = swarm.config.push if push is None else push
         self.max_length = max_length
         self.batch = batch
         self.hops: list[HopSession] = []
@@ -66,7 +67,7 @@ class InferenceSession:
         self.pending: list[list[int]] = [[] for _ in range(batch)]  # sampled, not yet sent through
 
     # -- sync facade ---------------------------------------------------------------------------
-    def step(self, hidden: torch.Tensor, new_tokens: list[int], push: bool | None = None) -> torch.Tensor:
+    def step(self, hidden: torch.Tensor, new_tokens: list[int]) -> torch.Tensor:
         """hidden (N, H), N = sum(new_tokens) -> (N, H) after all layers."""
         if self.closed:
             raise SwarmError("this inference session is closed; open a new one with model.inference_session()")
@@ -77,9 +78,8 @@ class InferenceSession:
                 f"step would exceed the session's max_length={self.max_length}; "
                 "open the session with a larger max_length"
             )
-        use_push = self.swarm.config.push if push is None else push
         timeout = self.swarm.config.step_timeout * (self.swarm.config.max_retries + 2) + 60
-        out = self.swarm.loop.run(self._step(hidden.to(torch.float32), new_tokens, use_push), timeout=timeout)
+        out = self.swarm.loop.run(self._step(hidden.to(torch.float32), new_tokens, self.push), timeout=timeout)
         self.lengths = [done + n for done, n in zip(self.lengths, new_tokens)]
         self.stats.steps += 1
         return out
