@@ -70,7 +70,9 @@ async def run(n: int) -> list[dict]:
         await server_p2p.add_binary_stream_handler(PROTOCOL_NAME, stream_handler(codec_echo, LIMITS))
         from hivemind.p2p import PeerID
 
-        _, reader, writer = await client_p2p.call_binary_stream_handler(PeerID.from_base58(server.peer_id), BARE)
+        _, reader, writer = await client_p2p.call_binary_stream_handler(
+            PeerID.from_base58(server.peer_id), BARE
+        )
         stream = await open_stream(client_p2p, server.peer_id, LIMITS)
         cases = [
             ("64 B", b"x" * 64, None),
@@ -80,13 +82,13 @@ async def run(n: int) -> list[dict]:
         for name, raw, tensor in cases:
             blob = raw if raw is not None else tensor.numpy().tobytes()
 
-            async def bare() -> None:
+            async def bare(blob: bytes = blob) -> None:
                 writer.write(len(blob).to_bytes(4, "big"))
                 writer.write(blob)
                 await writer.drain()
                 await reader.readexactly(len(blob))
 
-            async def ours() -> None:
+            async def ours(raw: bytes | None = raw, tensor: torch.Tensor | None = tensor) -> None:
                 if tensor is None:
                     await stream.request({"type": "echo", "data": raw})
                 else:
@@ -95,8 +97,16 @@ async def run(n: int) -> list[dict]:
 
             reps = n if len(blob) < 1 << 20 else max(20, n // 10)
             bare_s, ours_s = await timed(reps, bare), await timed(reps, ours)
-            rows.append({"case": name, "bytes": len(blob), "n": reps, "bare_ms": bare_s * 1e3, "codec_ms": ours_s * 1e3,
-                         "overhead_ms": (ours_s - bare_s) * 1e3})
+            rows.append(
+                {
+                    "case": name,
+                    "bytes": len(blob),
+                    "n": reps,
+                    "bare_ms": bare_s * 1e3,
+                    "codec_ms": ours_s * 1e3,
+                    "overhead_ms": (ours_s - bare_s) * 1e3,
+                }
+            )
         writer.close()
         await stream.close()
         await client_p2p.shutdown()
@@ -114,10 +124,17 @@ def main() -> None:
     rows = asyncio.run(run(args.n))
     print(f"{'case':<28} {'bytes':>9} {'n':>4} {'bare ms':>9} {'ours ms':>9} {'overhead':>9}")
     for r in rows:
-        print(f"{r['case']:<28} {r['bytes']:>9} {r['n']:>4} {r['bare_ms']:>9.3f} {r['codec_ms']:>9.3f} {r['overhead_ms']:>9.3f}")
+        print(
+            f"{r['case']:<28} {r['bytes']:>9} {r['n']:>4} {r['bare_ms']:>9.3f} {r['codec_ms']:>9.3f} {r['overhead_ms']:>9.3f}"
+        )
     out = Path(__file__).parent / "results" / "stream_rtt.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"python": platform.python_version(), "torch": torch.__version__, "machine": platform.machine(), "time": time.time()}
+    meta = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "time": time.time(),
+    }
     out.write_text(json.dumps({"benchmark": "stream_rtt", "meta": meta, "rows": rows}, indent=2))
     print(f"wrote {out}")
 

@@ -30,7 +30,9 @@ DTYPES: dict[str, tuple[torch.dtype, torch.dtype]] = {
     "int64": (torch.int64, torch.int64),
     "int32": (torch.int32, torch.int32),
 }
-ITEMSIZE: dict[str, int] = {name: torch.empty((), dtype=buf).element_size() for name, (_, buf) in DTYPES.items()}
+ITEMSIZE: dict[str, int] = {
+    name: torch.empty((), dtype=buf).element_size() for name, (_, buf) in DTYPES.items()
+}
 DTYPE_NAMES: dict[torch.dtype, str] = {torch_dtype: name for name, (torch_dtype, _) in DTYPES.items()}
 MAX_TENSOR_DIMS = 4
 
@@ -91,7 +93,9 @@ def encode_tensor(t: torch.Tensor) -> dict[str, Any]:
     if name is None:
         raise TypeError(f"dtype {t.dtype} cannot be sent; allowed: {', '.join(DTYPES)}")
     if t.dim() > MAX_TENSOR_DIMS:
-        raise ValueError(f"tensors of more than {MAX_TENSOR_DIMS} dims cannot be sent, got shape {tuple(t.shape)}")
+        raise ValueError(
+            f"tensors of more than {MAX_TENSOR_DIMS} dims cannot be sent, got shape {tuple(t.shape)}"
+        )
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
     return {"dtype": name, "shape": list(t.shape), "data": data}
@@ -105,7 +109,9 @@ def decode_tensor(obj: Any, limits: Limits) -> torch.Tensor:
     if not isinstance(name, str) or name not in DTYPES:
         raise ProtocolError("bad_tensor", f"dtype {name!r:.40} is not allowed; allowed: {', '.join(DTYPES)}")
     if not isinstance(shape, list) or len(shape) > MAX_TENSOR_DIMS:
-        raise ProtocolError("bad_tensor", f"shape must be a list of at most {MAX_TENSOR_DIMS} ints, got {shape!r:.80}")
+        raise ProtocolError(
+            "bad_tensor", f"shape must be a list of at most {MAX_TENSOR_DIMS} ints, got {shape!r:.80}"
+        )
     # bool is an int subclass: refuse it so True never means 1
     if not all(type(d) is int and d >= 0 for d in shape):
         raise ProtocolError("bad_tensor", f"shape must hold non-negative ints, got {shape!r:.80}")

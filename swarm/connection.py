@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from swarm.codec import Limits, decode_message, encode_message
 from swarm.errors import ConnectionClosed, FrameTooLarge, ProtocolError, RemoteError
@@ -144,7 +145,9 @@ def stream_handler(serve: Callable[[PeerStream], Awaitable[None]], limits: Limit
 
     async def handler(stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer_id = getattr(stream_info, "peer_id", None)
-        stream = PeerStream(reader, writer, limits, remote_peer_id=str(peer_id) if peer_id is not None else "")
+        stream = PeerStream(
+            reader, writer, limits, remote_peer_id=str(peer_id) if peer_id is not None else ""
+        )
         try:
             await serve(stream)
         except asyncio.CancelledError:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import hivemind
-from hivemind.utils import get_dht_time
 from hivemind.p2p import P2P
+from hivemind.utils import get_dht_time
 
 from swarm.types import PeerRecord, SwarmView
 
@@ -121,9 +122,19 @@ class SwarmNode:
             raise ValueError(f"record.peer_id {record.peer_id} is not this node's id {self.peer_id}")
         expiration = get_dht_time() + ttl
         return [
-            self.dht.store(model_key(record.model), record.to_dict(), expiration, subkey=record.peer_id, return_future=True),
             self.dht.store(
-                MODELS_KEY, {"num_layers": record.num_layers}, expiration, subkey=record.model, return_future=True
+                model_key(record.model),
+                record.to_dict(),
+                expiration,
+                subkey=record.peer_id,
+                return_future=True,
+            ),
+            self.dht.store(
+                MODELS_KEY,
+                {"num_layers": record.num_layers},
+                expiration,
+                subkey=record.model,
+                return_future=True,
             ),
         ]
 
@@ -174,7 +185,9 @@ def _build_view(model: str, num_layers: int | None, found: Any, models: Any) -> 
             continue
         # The subkey is what the storing node claimed; a record naming another peer is a lie or a bug.
         if record.peer_id != subkey or record.model != model:
-            logger.debug(f"dropping record for {record.peer_id}/{record.model} stored under {subkey!r}/{model}")
+            logger.debug(
+                f"dropping record for {record.peer_id}/{record.model} stored under {subkey!r}/{model}"
+            )
             continue
         records[subkey] = record
     if num_layers is None:

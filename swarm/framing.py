@@ -22,7 +22,9 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     except asyncio.IncompleteReadError as e:
         if not e.partial:
             raise ConnectionClosed("stream closed at a frame boundary", clean=True) from None
-        raise ConnectionClosed(f"stream closed inside a frame header ({len(e.partial)}/4 bytes)", clean=False) from None
+        raise ConnectionClosed(
+            f"stream closed inside a frame header ({len(e.partial)}/4 bytes)", clean=False
+        ) from None
     (length,) = HEADER.unpack(header)
     if length > max_bytes:
         # Refuse before readexactly: it would buffer `length` bytes, which is the attack.
@@ -30,7 +32,9 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     try:
         return await reader.readexactly(length)
     except asyncio.IncompleteReadError as e:
-        raise ConnectionClosed(f"stream closed inside a frame ({len(e.partial)}/{length} bytes)", clean=False) from None
+        raise ConnectionClosed(
+            f"stream closed inside a frame ({len(e.partial)}/{length} bytes)", clean=False
+        ) from None
 
 
 async def write_frame(writer: asyncio.StreamWriter, payload: bytes) -> None:

@@ -75,7 +75,12 @@ def require_type(msg: dict[str, Any], allowed: frozenset[str] = REQUEST_TYPES) -
 
 
 def require_int(
-    msg: dict[str, Any], key: str, *, min: int | None = None, max: int | None = None, default: int | None = None
+    msg: dict[str, Any],
+    key: str,
+    *,
+    min: int | None = None,
+    max: int | None = None,
+    default: int | None = None,
 ) -> int:
     """An int field in [min, max]; a missing field returns `default` when one is given."""
     if key not in msg and default is not None:
@@ -111,7 +116,12 @@ def require_str(msg: dict[str, Any], key: str, *, max_len: int = 256, default: s
 
 
 def require_int_list(
-    msg: dict[str, Any], key: str, *, length: int | None = None, min: int | None = None, max: int | None = None
+    msg: dict[str, Any],
+    key: str,
+    *,
+    length: int | None = None,
+    min: int | None = None,
+    max: int | None = None,
 ) -> list[int]:
     """A list of ints, optionally of an exact length, each in [min, max]."""
     value = msg.get(key)
@@ -127,7 +137,9 @@ def require_int_list(
     return value
 
 
-def require_layers(msg: dict[str, Any], key: str = "layers", *, num_layers: int | None = None) -> tuple[int, int]:
+def require_layers(
+    msg: dict[str, Any], key: str = "layers", *, num_layers: int | None = None
+) -> tuple[int, int]:
     """A half-open layer range [a, b) sent as a two-int list, with 0 <= a < b (<= num_layers)."""
     a, b = require_int_list(msg, key, length=2, min=0, max=num_layers)
     if a >= b:
@@ -136,7 +148,12 @@ def require_layers(msg: dict[str, Any], key: str = "layers", *, num_layers: int 
 
 
 def require_tensor(
-    msg: dict[str, Any], key: str, limits: Limits, *, ndim: int | None = None, dtypes: tuple[torch.dtype, ...] = ()
+    msg: dict[str, Any],
+    key: str,
+    limits: Limits,
+    *,
+    ndim: int | None = None,
+    dtypes: tuple[torch.dtype, ...] = (),
 ) -> torch.Tensor:
     """Decode a tensor field; optionally require its number of dims and dtype."""
     if key not in msg:

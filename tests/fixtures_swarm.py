@@ -9,7 +9,8 @@ down and the processes it spawned (the DHT child and its p2pd) are checked to be
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psutil
 import pytest

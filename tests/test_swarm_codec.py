@@ -131,7 +131,9 @@ def test_truncated_messages_never_decode_wrongly(data: st.DataObject) -> None:
         decode_message(payload[:cut], LIMITS)
 
 
-shapes = st.lists(st.one_of(st.integers(-3, 2**40), st.booleans(), st.floats(), st.text(max_size=2)), max_size=6)
+shapes = st.lists(
+    st.one_of(st.integers(-3, 2**40), st.booleans(), st.floats(), st.text(max_size=2)), max_size=6
+)
 tensor_objs = st.fixed_dictionaries(
     {
         "dtype": st.one_of(st.sampled_from([*DTYPES, "float64", "bool", ""]), st.integers()),

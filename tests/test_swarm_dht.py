@@ -31,7 +31,9 @@ def wait_for(fetch, check=bool, timeout: float = 10.0):
 def test_announce_and_fetch_across_nodes(swarm_trio) -> None:
     bootstrap, server, client = swarm_trio
     model = unique_model()
-    assert server.announce(PeerRecord(server.peer_id, model, LayerRange(0, 4), num_layers=8, throughput=3.5), ttl=30)
+    assert server.announce(
+        PeerRecord(server.peer_id, model, LayerRange(0, 4), num_layers=8, throughput=3.5), ttl=30
+    )
     assert bootstrap.announce(PeerRecord(bootstrap.peer_id, model, LayerRange(4, 8), num_layers=8), ttl=30)
     view = wait_for(lambda: client.fetch_view(model), lambda v: len(v.records) == 2)
     assert len(view.records) == 2, "client did not see both records"
@@ -48,7 +50,9 @@ def test_reannounce_replaces_record(swarm_trio) -> None:
     model = unique_model()
     server.announce(PeerRecord(server.peer_id, model, LayerRange(0, 4), num_layers=4), ttl=30)
     time.sleep(0.05)  # a strictly later expiration wins
-    server.announce(PeerRecord(server.peer_id, model, LayerRange(0, 4), num_layers=4, state=PeerState.OFFLINE), ttl=30)
+    server.announce(
+        PeerRecord(server.peer_id, model, LayerRange(0, 4), num_layers=4, state=PeerState.OFFLINE), ttl=30
+    )
     view = wait_for(lambda: client.fetch_view(model), lambda v: v.records and not v.online())
     assert view.records[server.peer_id].state is PeerState.OFFLINE
 
@@ -106,7 +110,9 @@ def test_registry_lists_models(swarm_trio) -> None:
 async def test_async_variants(swarm_trio) -> None:
     _, server, client = swarm_trio
     model = unique_model()
-    assert await server.announce_async(PeerRecord(server.peer_id, model, LayerRange(0, 3), num_layers=3), ttl=30)
+    assert await server.announce_async(
+        PeerRecord(server.peer_id, model, LayerRange(0, 3), num_layers=3), ttl=30
+    )
     view = await client.fetch_view_async(model)
     assert set(view.records) == {server.peer_id} and view.num_layers == 3
     assert (await client.list_models_async())[model] == 3

@@ -55,7 +55,11 @@ def test_strings_lists_layers_maps() -> None:
 
 
 def test_tensor_and_type() -> None:
-    msg = {"type": "step", "h": encode_tensor(torch.ones(2, 3)), "bad": {"dtype": "float32", "shape": [9], "data": b""}}
+    msg = {
+        "type": "step",
+        "h": encode_tensor(torch.ones(2, 3)),
+        "bad": {"dtype": "float32", "shape": [9], "data": b""},
+    }
     assert require_tensor(msg, "h", Limits(), ndim=2).shape == (2, 3)
     bad(require_tensor, msg, "h", Limits(), ndim=3)
     bad(require_tensor, msg, "h", Limits(), dtypes=(torch.bfloat16,))
@@ -67,5 +71,10 @@ def test_tensor_and_type() -> None:
 
 def test_error_message_retryable_default() -> None:
     assert error_message("busy", "full")["retryable"] is True
-    assert error_message("bad_field", "x") == {"type": "error", "code": "bad_field", "message": "x", "retryable": False}
+    assert error_message("bad_field", "x") == {
+        "type": "error",
+        "code": "bad_field",
+        "message": "x",
+        "retryable": False,
+    }
     assert all(isinstance(v, bool) for v in ERROR_CODES.values())

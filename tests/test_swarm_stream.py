@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 import torch
@@ -65,7 +65,11 @@ async def test_bad_frames_get_error_frames_and_serving_continues(p2p_pair) -> No
     assert info.value.code == "bad_message" and info.value.peer_id == server.peer_id
 
     bad_tensor = {"type": "echo", "hidden": {"dtype": "float64", "shape": [1], "data": b"\0" * 8}}
-    for msg, code in [({"type": "nope"}, "unknown_type"), (bad_tensor, "bad_tensor"), ({"type": "boom"}, "internal")]:
+    for msg, code in [
+        ({"type": "nope"}, "unknown_type"),
+        (bad_tensor, "bad_tensor"),
+        ({"type": "boom"}, "internal"),
+    ]:
         with pytest.raises(RemoteError) as info:
             await stream.request(msg, timeout=10)
         assert info.value.code == code
@@ -78,7 +82,9 @@ async def test_bad_frames_get_error_frames_and_serving_continues(p2p_pair) -> No
 async def test_oversized_frame_answered_then_stream_closed(p2p_pair) -> None:
     server, client_p2p = p2p_pair
     stream = await open_stream(client_p2p, server.peer_id, Limits())
-    stream.writer.write((LIMITS.max_frame_bytes + 1).to_bytes(4, "big"))  # header only: never send the payload
+    stream.writer.write(
+        (LIMITS.max_frame_bytes + 1).to_bytes(4, "big")
+    )  # header only: never send the payload
     await stream.writer.drain()
     with pytest.raises(RemoteError) as info:
         await stream.recv(timeout=10)
@@ -97,7 +103,9 @@ async def test_concurrent_streams_and_timeout(p2p_pair) -> None:
 
     async def one(i: int) -> float:
         stream = await open_stream(client_p2p, server.peer_id, LIMITS)
-        reply = await stream.request({"type": "echo", "hidden": encode_tensor(torch.full((1, 4), float(i)))}, timeout=10)
+        reply = await stream.request(
+            {"type": "echo", "hidden": encode_tensor(torch.full((1, 4), float(i)))}, timeout=10
+        )
         await stream.close()
         return float(decode_tensor(reply["hidden"], LIMITS)[0, 0])
 
