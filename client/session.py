@@ -93,10 +93,9 @@ class InferenceSession:
     def close(self) -> None:
         if self.closed:
             return
-        self.closed = True
-        hops, self.hops = self.hops, []
+        self.closed = True  # the closed hops stay listed: they describe the route that was used
         try:
-            self.swarm.loop.run(asyncio.gather(*(h.close() for h in hops), return_exceptions=True), timeout=10)
+            self.swarm.loop.run(asyncio.gather(*(h.close() for h in self.hops), return_exceptions=True), timeout=10)
         except Exception:
             pass
 

@@ -1,164 +1,25 @@
-"""Real `swarm-peer` processes on 127.0.0.1 for tests, always stopped by pid at teardown.
-
-`LocalSwarm` starts a bootstrap DHT (`swarm-peer dht`) and peers (`swarm-peer serve`), waits for
-their machine-readable stdout lines, and kills every process it started when closed. Each
-process's stderr goes to a log file in the test's temporary folder; failures print its tail.
-"""
+"""The `local_swarm` fixture: real peer processes on 127.0.0.1, killed by pid at teardown."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import pytest
 
-__all__ = ["LocalSwarm", "SwarmProcess", "local_swarm"]
+from client.local_swarm import LocalSwarm
 
-START_TIMEOUT = 90.0  # seconds; a peer loads weights, joins the DHT and measures itself
+__all__ = ["local_swarm"]
 
-
-@dataclass
-class SwarmProcess:
-    proc: subprocess.Popen
-    log_path: Path
-    lines: list[str] = field(default_factory=list)
-    peer_id: str = ""
-    _queue: queue.Queue = field(default_factory=queue.Queue)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def maddrs(self) -> list[str]:
-        return [line for line in self.lines if line.startswith("/")]
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._queue.put(line.rstrip("\n"))
-        self._queue.put(None)
-
-    def wait_for_line(self, prefix: str, timeout: float = START_TIMEOUT) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
-            except queue.Empty:
-                continue
-            if line is None:
-                raise RuntimeError(f"process exited (code {self.proc.wait()}) before printing {prefix!r}:\n{self.log_tail()}")
-            self.lines.append(line)
-            if line.startswith(prefix):
-                return line
-        raise TimeoutError(f"no {prefix!r} line within {timeout} s:\n{self.log_tail()}")
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
-        helpers = self.descendants()
-        if self.proc.poll() is None:
-            self.signal(signal.SIGCONT)  # a paused process cannot handle SIGTERM
-            self.signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        code = self.proc.wait()
-        for helper in helpers:  # whatever the clean exit did not take down
-            with contextlib.suppress(psutil.NoSuchProcess):
-                helper.kill()
-        return code
-
-    def descendants(self) -> list[psutil.Process]:
-        try:
-            return psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-
-    def kill(self) -> None:
-        """kill -9 the peer and its helpers (DHT child, p2pd): a machine that vanished."""
-        helpers = self.descendants()
-        self.signal(signal.SIGCONT)
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for helper in helpers:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                helper.kill()
+# Peers of a test run with one torch thread each: several share the 2-core CI machine.
+TEST_ENV = {"OMP_NUM_THREADS": "1"}
 
 
-class LocalSwarm:
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.processes: list[SwarmProcess] = []
-        self.initial_peers: list[str] = []
-
-    def spawn(self, args: list[str], name: str) -> SwarmProcess:
-        log_path = self.log_dir / f"{name}-{len(self.processes)}.log"
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "peer.cli", *args],
-            stdout=subprocess.PIPE,
-            stderr=open(log_path, "w"),  # noqa: SIM115 - the child owns it
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            start_new_session=True,  # Ctrl-C in the terminal reaches pytest, which stops us by pid
-        )
-        process = SwarmProcess(proc, log_path)
-        threading.Thread(target=process._pump, daemon=True).start()
-        self.processes.append(process)
-        return process
-
-    def start_dht(self) -> SwarmProcess:
-        process = self.spawn(["dht"], "dht")
-        process.wait_for_line("/")
-        self.initial_peers = process.maddrs[:1]
-        return process
-
-    def start_peer(self, model: Path, layers: str, *extra: str, wait: bool = True) -> SwarmProcess:
-        args = ["serve", "--model", str(model), "--layers", layers, "--num-threads", "1", *extra]
-        if self.initial_peers:
-            args += ["--initial-peers", self.initial_peers[0]]
-        process = self.spawn(args, f"peer-{layers.replace(':', '-')}")
-        if wait:
-            self.wait_online(process)
-        return process
-
-    def wait_online(self, process: SwarmProcess, timeout: float = START_TIMEOUT) -> None:
-        line = process.wait_for_line("online", timeout)
-        process.peer_id = line.split()[1]
-
-    def close(self) -> None:
-        for process in reversed(self.processes):
-            process.kill()
-        self.processes.clear()
+def new_test_swarm(log_dir: Path) -> LocalSwarm:
+    return LocalSwarm(log_dir, TEST_ENV)
 
 
 @pytest.fixture
 def local_swarm(tmp_path: Path) -> Iterator[LocalSwarm]:
-    swarm = LocalSwarm(tmp_path)
-    try:
+    with new_test_swarm(tmp_path) as swarm:
         yield swarm
-    finally:
-        swarm.close()

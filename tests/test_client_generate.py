@@ -10,7 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from client import ClientConfig, DistributedModel, SwarmError
-from tests.swarm_processes import LocalSwarm
+from client.local_swarm import LocalSwarm
+from tests.swarm_processes import new_test_swarm
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def tiny_swarm(tiny_model_factory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, LocalSwarm]]:
     model = tiny_model_factory("gqa", 6)
-    swarm = LocalSwarm(tmp_path_factory.mktemp("client-swarm"))
+    swarm = new_test_swarm(tmp_path_factory.mktemp("client-swarm"))
     try:
         swarm.start_dht()
         swarm.start_peer(model, "0:3")

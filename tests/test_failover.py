@@ -11,8 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from client import ClientConfig, DistributedModel
+from client.local_swarm import LocalSwarm, SwarmProcess
 from client.session import InferenceSession
-from tests.swarm_processes import LocalSwarm, SwarmProcess
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 64

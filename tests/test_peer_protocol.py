@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from client.local_swarm import LocalSwarm
 from shards.batch import BatchLayout
 from shards.shard import Shard
 from swarm import messages as m
-from swarm.codec import Limits, encode_message, encode_tensor
+from swarm.codec import Limits, encode_tensor
 from swarm.connection import PeerStream, open_stream
 from swarm.dht import SwarmNode
 from swarm.errors import ConnectionClosed, RemoteError
 from swarm.types import PeerState
-from tests.swarm_processes import LocalSwarm
+from tests.swarm_processes import new_test_swarm
 
 pytestmark = pytest.mark.slow
 HIDDEN = 64  # tests/tiny_models.py
@@ -29,7 +30,7 @@ HIDDEN = 64  # tests/tiny_models.py
 
 @pytest.fixture(scope="module")
 def two_peers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
-    swarm = LocalSwarm(tmp_path_factory.mktemp("two-peers"))
+    swarm = new_test_swarm(tmp_path_factory.mktemp("two-peers"))
     try:
         swarm.start_dht()
         # Small cache (8 pages of 4 tokens) so the pool-exhaustion case is cheap to reach.
@@ -233,7 +234,7 @@ async def test_fifty_sessions_leave_the_pool_as_it_was(two_peers: LocalSwarm, cl
 async def test_kill9_record_vanishes_and_clean_stop_announces_offline(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    swarm = LocalSwarm(tmp_path)
+    swarm = new_test_swarm(tmp_path)
     node = None
     try:
         swarm.start_dht()

@@ -1,0 +1,166 @@
+"""A swarm of real `swarm-peer` processes on this machine, for `make demo`, benchmarks and tests.
+
+`LocalSwarm` starts a bootstrap DHT (`swarm-peer dht`) and peers (`swarm-peer serve`), waits for
+their machine-readable stdout lines, and kills every process it started when closed. Each
+process's stderr goes to a log file in `log_dir`; failures print its tail. Processes are stopped
+by their pid (and their helper processes by pid too), never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+__all__ = ["LocalSwarm", "SwarmProcess"]
+
+START_TIMEOUT = 90.0  # seconds; a peer loads weights, joins the DHT and measures itself
+
+
+@dataclass
+class SwarmProcess:
+    proc: subprocess.Popen
+    log_path: Path
+    lines: list[str] = field(default_factory=list)
+    peer_id: str = ""
+    _queue: queue.Queue = field(default_factory=queue.Queue)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def maddrs(self) -> list[str]:
+        return [line for line in self.lines if line.startswith("/")]
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for_line(self, prefix: str, timeout: float = START_TIMEOUT) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                continue
+            if line is None:
+                raise RuntimeError(f"process exited (code {self.proc.wait()}) before printing {prefix!r}:\n{self.log_tail()}")
+            self.lines.append(line)
+            if line.startswith(prefix):
+                return line
+        raise TimeoutError(f"no {prefix!r} line within {timeout} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
+        helpers = self.descendants()
+        if self.proc.poll() is None:
+            self.signal(signal.SIGCONT)  # a paused process cannot handle SIGTERM
+            self.signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        code = self.proc.wait()
+        for helper in helpers:  # whatever the clean exit did not take down
+            with contextlib.suppress(psutil.NoSuchProcess):
+                helper.kill()
+        return code
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        """kill -9 the peer and its helpers (DHT child, p2pd): a machine that vanished."""
+        helpers = self.descendants()
+        self.signal(signal.SIGCONT)
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for helper in helpers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                helper.kill()
+
+
+class LocalSwarm:
+    def __init__(self, log_dir: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.extra_env = extra_env or {}
+        self.processes: list[SwarmProcess] = []
+        self.initial_peers: list[str] = []
+
+    def spawn(self, args: list[str], name: str) -> SwarmProcess:
+        log_path = self.log_dir / f"{name}-{len(self.processes)}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "peer.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=open(log_path, "w"),  # noqa: SIM115 - the child owns it
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches only our parent, which stops us by pid in order
+        )
+        process = SwarmProcess(proc, log_path)
+        threading.Thread(target=process._pump, daemon=True).start()
+        self.processes.append(process)
+        return process
+
+    def start_dht(self) -> SwarmProcess:
+        process = self.spawn(["dht"], "dht")
+        process.wait_for_line("/")
+        self.initial_peers = process.maddrs[:1]
+        return process
+
+    def start_peer(self, model: Path, layers: str, *extra: str, wait: bool = True) -> SwarmProcess:
+        args = ["serve", "--model", str(model), "--layers", layers, *extra]
+        if self.initial_peers:
+            args += ["--initial-peers", self.initial_peers[0]]
+        process = self.spawn(args, f"peer-{layers.replace(':', '-')}")
+        if wait:
+            self.wait_online(process)
+        return process
+
+    def wait_online(self, process: SwarmProcess, timeout: float = START_TIMEOUT) -> None:
+        line = process.wait_for_line("online", timeout)
+        process.peer_id = line.split()[1]
+
+    def close(self, graceful: bool = False) -> None:
+        for process in reversed(self.processes):
+            if graceful:
+                process.stop()
+            else:
+                process.kill()
+        self.processes.clear()
+
+    def __enter__(self) -> LocalSwarm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
