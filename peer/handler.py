@@ -12,7 +12,7 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,9 +21,9 @@ from peer.push import PushLinks
 from peer.scheduler import BatchScheduler, WorkItem
 from peer.sessions import PeerSession, SessionRegistry
 from swarm import messages as m
-from swarm.codec import DTYPES, Limits, decode_message, encode_message, encode_tensor
-from swarm.errors import ConnectionClosed, FrameTooLarge, ProtocolError
-from swarm.framing import read_frame, write_frame
+from swarm.codec import DTYPES, Limits, encode_tensor
+from swarm.connection import PeerStream, serve_stream
+from swarm.errors import ConnectionClosed, ProtocolError
 from swarm.types import LayerRange
 
 logger = logging.getLogger(__name__)
@@ -37,19 +37,6 @@ class ServedModel:
     hidden_size: int
     dtype: torch.dtype
     max_new_tokens_per_step: int = 8192
-
-
-@dataclass
-class Replier:
-    """Writes frames to one stream; a lock keeps frames from concurrent tasks whole."""
-
-    writer: asyncio.StreamWriter
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    async def send(self, msg: dict[str, Any]) -> None:
-        payload = encode_message(msg)
-        async with self.lock:
-            await write_frame(self.writer, payload)
 
 
 class StreamHandler:
@@ -74,63 +61,54 @@ class StreamHandler:
         self.alloc_timeout = alloc_timeout
         self.accepting = accepting
         self.faulty = faulty
-        self.repliers: dict[str, Replier] = {}  # session id -> the client stream its results go to
+        self.streams: dict[str, PeerStream] = {}  # session id -> the client stream its results go to
         self.errors: Counter[str] = Counter()  # error frames sent, by code (exported as metrics)
 
-    async def handle(self, stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        remote = str(stream_info.peer_id)
-        replier = Replier(writer)
+    async def serve(self, stream: PeerStream) -> None:
+        """Answer one stream's requests until it closes (register with `swarm.connection.stream_handler`)."""
+        remote = stream.remote_peer_id
         owned: list[str] = []  # sessions opened on this stream die with it
         try:
-            while True:
+            async for msg in serve_stream(stream):  # bad frames are answered in there
                 try:
-                    payload = await read_frame(reader, self.limits.max_frame_bytes)
-                except FrameTooLarge as e:
-                    await self._send_error(replier, e)
-                    return
-                try:
-                    msg = decode_message(payload, self.limits)
-                    reply = await self._dispatch(msg, remote, replier, owned)
+                    reply = await self._dispatch(msg, remote, stream, owned)
                 except ProtocolError as e:
-                    await self._send_error(replier, e)
+                    await self._send_error(stream, e)
                     continue
                 except (ConnectionClosed, ConnectionError):
                     raise
                 except Exception as e:  # a bug or a failed forward pass: answer, keep serving
                     logger.exception("request from %s failed", remote)
-                    await self._send_error(replier, ProtocolError("internal", str(e), retryable=True))
+                    await self._send_error(stream, ProtocolError("internal", str(e), retryable=True))
                     continue
                 if reply is not None:
-                    await replier.send(reply)
+                    await stream.send(reply)
         except (ConnectionClosed, ConnectionError):
             pass
-        except Exception:  # never let one stream take the peer down
-            logger.exception("stream handler failed for %s", remote)
         finally:
             for session_id in owned:
                 await self._close_session(session_id)
-            writer.close()
 
     async def _close_session(self, session_id: str) -> None:
-        self.repliers.pop(session_id, None)
+        self.streams.pop(session_id, None)
         self.push_links.close(session_id)
         await self.registry.close(session_id)
 
     async def fail_all(self, code: str, message: str) -> None:
         """Tell every open session why it ends (peer shutdown), then free its pages."""
-        for session_id, replier in list(self.repliers.items()):
-            await self._send_error(replier, ProtocolError(code, message, retryable=True))
+        for session_id, stream in list(self.streams.items()):
+            await self._send_error(stream, ProtocolError(code, message, retryable=True))
             await self._close_session(session_id)
 
-    async def _send_error(self, replier: Replier, error: ProtocolError) -> None:
+    async def _send_error(self, stream: PeerStream, error: ProtocolError) -> None:
         self.errors[error.code] += 1
         try:
-            await replier.send(error.to_message())
+            await stream.send(error.to_message())
         except (ConnectionError, ConnectionClosed):
             pass
 
     async def _dispatch(
-        self, msg: dict[str, Any], remote: str, replier: Replier, owned: list[str]
+        self, msg: dict[str, Any], remote: str, stream: PeerStream, owned: list[str]
     ) -> dict[str, Any] | None:
         kind = m.require_type(msg)
         if kind == m.INFO:
@@ -138,10 +116,10 @@ class StreamHandler:
         if kind == m.FORWARD:
             return await self._forward(msg)
         if kind == m.OPEN:
-            return self._open(msg, remote, replier, owned)
+            return self._open(msg, remote, stream, owned)
         if kind == m.STEP:
             session = self.registry.get(self._own_session(msg, owned))
-            await self._step(session, msg, replier)
+            await self._step(session, msg, stream)
             return None
         if kind == m.PUSH:
             session = self.registry.get(m.require_str(msg, "session_id"))
@@ -207,7 +185,7 @@ class StreamHandler:
         output = await self.scheduler.submit(item)
         return {"type": m.RESULT, "hidden": encode_tensor(self._maybe_corrupt(output))}
 
-    def _open(self, msg: dict[str, Any], remote: str, replier: Replier, owned: list[str]) -> dict[str, Any]:
+    def _open(self, msg: dict[str, Any], remote: str, stream: PeerStream, owned: list[str]) -> dict[str, Any]:
         if not self.accepting():
             raise ProtocolError("shutting_down", "this peer is leaving; route elsewhere", retryable=True)
         session_id = m.require_str(msg, "session_id", max_len=128, default="") or uuid.uuid4().hex
@@ -216,11 +194,11 @@ class StreamHandler:
         layers = self._layers_of(msg)
         self.registry.open(session_id, remote, layers, max_length, batch)
         owned.append(session_id)
-        self.repliers[session_id] = replier
+        self.streams[session_id] = stream
         return {"type": m.OPENED, "session_id": session_id, "page_size": self.registry.pool.page_size}
 
-    async def _step(self, session: PeerSession, msg: dict[str, Any], replier: Replier) -> None:
-        """Run one step; answer on `replier`, then push the output down the `next` chain if any.
+    async def _step(self, session: PeerSession, msg: dict[str, Any], stream: PeerStream) -> None:
+        """Run one step; answer on `stream`, then push the output down the `next` chain if any.
 
         The answer goes out before the push so the client holds every hop's output (it replays
         them into a replacement when a later hop dies) at no cost to the push's latency.
@@ -244,7 +222,7 @@ class StreamHandler:
         finally:
             session.busy = False
         encoded = encode_tensor(output)
-        await replier.send({"type": m.RESULT, "step_id": step_id, "hidden": encoded})
+        await stream.send({"type": m.RESULT, "step_id": step_id, "hidden": encoded})
         if chain:
             (peer_id, next_session), rest = chain[0], chain[1:]
             pushed = {"type": m.PUSH, "session_id": next_session, "step_id": step_id, "hidden": encoded,
@@ -258,17 +236,17 @@ class StreamHandler:
 
     async def _pushed_step(self, session: PeerSession, msg: dict[str, Any]) -> None:
         """Run a step that arrived from the previous hop; answer on the session's client stream."""
-        replier = self.repliers.get(session.session_id)
-        if replier is None:
+        stream = self.streams.get(session.session_id)
+        if stream is None:
             return
         try:
-            await self._step(session, msg, replier)
+            await self._step(session, msg, stream)
         except ProtocolError as e:
-            await self._send_error(replier, e)
+            await self._send_error(stream, e)
             return
         except Exception as e:
             logger.exception("pushed step failed")
-            await self._send_error(replier, ProtocolError("internal", str(e), retryable=True))
+            await self._send_error(stream, ProtocolError("internal", str(e), retryable=True))
             return
 
     async def _compute(self, session: PeerSession, hidden: torch.Tensor, new_tokens: list[int]) -> torch.Tensor:

@@ -12,24 +12,21 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from hivemind.p2p import P2P, PeerID
-
-from swarm.codec import Limits, decode_message, encode_message
+from swarm.codec import Limits
+from swarm.connection import PeerStream, open_stream
 from swarm.errors import ConnectionClosed, ProtocolError
-from swarm.framing import read_frame, write_frame
-from swarm.messages import PROTOCOL_NAME
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class _Link:
-    writer: asyncio.StreamWriter
+    stream: PeerStream
     drain_task: asyncio.Task
 
 
 class PushLinks:
-    def __init__(self, p2p: P2P, limits: Limits, timeout: float) -> None:
+    def __init__(self, p2p: Any, limits: Limits, timeout: float) -> None:
         self._p2p = p2p
         self._limits = limits
         self._timeout = timeout
@@ -38,22 +35,21 @@ class PushLinks:
 
     async def send(self, session_id: str, peer_id: str, msg: dict[str, Any]) -> None:
         link = self._links.get(session_id)
-        if link is None or link.drain_task.done():
-            link = await asyncio.wait_for(self._connect(peer_id), self._timeout)
+        if link is None or link.drain_task.done() or link.stream.remote_peer_id != peer_id:
+            if link is not None:
+                self.close(session_id)  # the route changed (failover): drop the old link
+            stream = await asyncio.wait_for(open_stream(self._p2p, peer_id, self._limits), self._timeout)
+            link = _Link(stream, asyncio.get_running_loop().create_task(self._drain(stream)))
             self._links[session_id] = link
-        await asyncio.wait_for(write_frame(link.writer, encode_message(msg)), self._timeout)
+        await asyncio.wait_for(link.stream.send(msg), self._timeout)
         self.pushes += 1
 
-    async def _connect(self, peer_id: str) -> _Link:
-        _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), PROTOCOL_NAME)
-        return _Link(writer, asyncio.get_running_loop().create_task(self._drain(peer_id, reader)))
-
-    async def _drain(self, peer_id: str, reader: asyncio.StreamReader) -> None:
+    async def _drain(self, stream: PeerStream) -> None:
         try:
             while True:
-                reply = decode_message(await read_frame(reader, self._limits.max_frame_bytes), self._limits)
+                reply = await stream.recv_raw()
                 if reply.get("type") == "error":
-                    logger.warning("push to %s refused: %s", peer_id, reply.get("message"))
+                    logger.warning("push to %s refused: %s", stream.remote_peer_id, reply.get("message"))
         except (ConnectionClosed, ConnectionError, ProtocolError):
             pass
 
@@ -61,7 +57,7 @@ class PushLinks:
         link = self._links.pop(session_id, None)
         if link is not None:
             link.drain_task.cancel()
-            link.writer.close()
+            link.stream.writer.close()
 
     def close_all(self) -> None:
         for session_id in list(self._links):

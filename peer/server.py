@@ -24,6 +24,7 @@ from shards.batch import BatchLayout
 from shards.paging import PagePool
 from shards.shard import Shard
 from swarm.codec import Limits
+from swarm.connection import stream_handler
 from swarm.dht import SwarmNode
 from swarm.messages import PROTOCOL_NAME
 from swarm.types import PeerRecord, PeerState
@@ -86,7 +87,7 @@ class PeerServer:
             self.registry, self.scheduler, self.push_links, self.limits, self.info,
             cfg.alloc_timeout, lambda: self.state is not PeerState.OFFLINE, cfg.faulty,
         )
-        await self.p2p.add_binary_stream_handler(PROTOCOL_NAME, self.handler.handle)
+        await self.p2p.add_binary_stream_handler(PROTOCOL_NAME, stream_handler(self.handler.serve, self.limits))
         await self._announce()  # JOINING: visible to monitors while we measure
         self.throughput = await loop.run_in_executor(
             None, lambda: measure_throughput(self.shard, page_size=cfg.page_size)
