@@ -33,15 +33,37 @@ def paged_attention(
     (so prefill chunks and decodes share one path); without one, keys are the new tokens.
     """
     N, H, D = q.shape
+    KVH = k.shape[1]
     B, T = lt.query_index.shape
-    qp = q[lt.query_index].transpose(1, 2)  # (B, H, T, D)
-    if lt.key_slots is None:
-        kp = k[lt.query_index].transpose(1, 2)  # (B, KVH, T, D)
-        vp = v[lt.query_index].transpose(1, 2)
+    # index_select on flattened indices: ~10x faster on CPU than advanced indexing (aten::index).
+    qi = lt.query_index.view(-1)  # (B*T,)
+    qp = q.index_select(0, qi).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+    if lt.key_rows is None:
+        kp = k.index_select(0, qi).view(B, T, KVH, D).transpose(1, 2)  # (B, KVH, T, D)
+        vp = v.index_select(0, qi).view(B, T, KVH, D).transpose(1, 2)
     else:
-        assert k_cache is not None and v_cache is not None and lt.slots is not None
+        assert k_cache is not None and v_cache is not None and lt.slots is not None and lt.key_slots is not None
         write_kv(k, v, k_cache, v_cache, lt.slots)
-        kp = k_cache.view(-1, *k_cache.shape[2:])[lt.key_slots].transpose(1, 2)  # (B, KVH, L, D)
-        vp = v_cache.view(-1, *v_cache.shape[2:])[lt.key_slots].transpose(1, 2)
-    out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=lt.mask, enable_gqa=kp.shape[1] != H)  # (B, H, T, D)
-    return out.transpose(1, 2).reshape(B * T, H, D)[lt.token_index]  # (N, H, D)
+        L = lt.key_slots.shape[1]
+        # Head-major gather: memory is (KVH, B, L, D); the view below is (B, KVH, L, D).
+        kp = k_cache.view(-1, D).index_select(0, lt.key_rows).view(KVH, B, L, D).transpose(0, 1)
+        vp = v_cache.view(-1, D).index_select(0, lt.key_rows).view(KVH, B, L, D).transpose(0, 1)
+    out = _attend(qp, kp, vp, lt.mask)  # (B, H, T, D)
+    return out.transpose(1, 2).reshape(B * T, H, D).index_select(0, lt.token_index)  # (N, H, D)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """q (B, H, T, D), k/v (B, KVH, L, D), mask (B, 1, T, L) or None -> (B, H, T, D)."""
+    B, H, T, D = q.shape
+    KVH = k.shape[1]
+    if T > 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=KVH != H)
+    # Decode: the CPU flash kernel costs milliseconds for one query row; two small batched
+    # matmuls per KV group (no K/V repeat for GQA) cost microseconds.
+    qg = q.view(B, KVH, H // KVH, D).transpose(0, 1)  # (KVH, B, rep, D): query heads sharing a KV head
+    kh, vh = k.transpose(0, 1), v.transpose(0, 1)  # (KVH, B, L, D), contiguous after a paged gather
+    scores = (qg @ kh.transpose(-1, -2)).float() * D**-0.5  # (KVH, B, rep, L)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.transpose(0, 1), float("-inf"))  # mask (1, B, 1, L) broadcasts
+    probs = scores.softmax(dim=-1).to(v.dtype)  # (KVH, B, rep, L)
+    return (probs @ vh).transpose(0, 1).reshape(B, H, 1, D)  # (B, H, 1, D)

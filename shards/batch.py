@@ -23,6 +23,7 @@ class LayoutTensors:
     mask: torch.Tensor | None  # (B, 1, T, L) True = may attend; None when every entry is True
     slots: torch.Tensor | None  # (N,) flat cache slot (page * page_size + offset) for new K/V
     key_slots: torch.Tensor | None  # (B, L) flat cache slot of each key; None when stateless
+    key_rows: torch.Tensor | None  # (KVH * B * L,) rows of the (slots * KVH, D) cache view, head-major
 
 
 @dataclass
@@ -62,14 +63,14 @@ class BatchLayout:
     def num_tokens(self) -> int:
         return sum(self.new_tokens)
 
-    def tensors(self, device: torch.device | str) -> LayoutTensors:
-        """Derived index tensors, built on first use per device and reused by every layer."""
-        key = str(device)
+    def tensors(self, device: torch.device | str, num_kv_heads: int = 1) -> LayoutTensors:
+        """Derived index tensors, built on first use per (device, KV heads) and reused by every layer."""
+        key = f"{device}/{num_kv_heads}"
         if key not in self._tensors:
-            self._tensors[key] = self._build(torch.device(device))
+            self._tensors[key] = self._build(torch.device(device), num_kv_heads)
         return self._tensors[key]
 
-    def _build(self, device: torch.device) -> LayoutTensors:
+    def _build(self, device: torch.device, num_kv_heads: int) -> LayoutTensors:
         new = torch.tensor(self.new_tokens, dtype=torch.long)  # (B,)
         cached = torch.tensor(self.cached_tokens, dtype=torch.long)  # (B,)
         B, T = len(self.new_tokens), int(new.max())
@@ -86,7 +87,7 @@ class BatchLayout:
             # Keys are this step's own tokens: key j sits at padded column j.
             key_pos = t  # (L=T,)
             q_pos, key_len = t, new
-            slots = key_slots = None
+            slots = key_slots = key_rows = None
         else:
             total = cached + new  # (B,)
             L = int(total.max())
@@ -99,6 +100,10 @@ class BatchLayout:
             key_slots = table[:, key_pos // ps] * ps + key_pos % ps  # (B, L)
             slots = key_slots[seq_of_row, positions]  # (N,)
             key_slots = torch.where(key_pos[None, :] < total[:, None], key_slots, 0)  # pads read slot 0
+            # Gathering keys head-major lets decode attention run as plain batched matmuls
+            # over (KVH * B) without copying the gathered K/V again to transpose them.
+            heads = torch.arange(num_kv_heads)[:, None, None]  # (KVH, 1, 1)
+            key_rows = (key_slots[None] * num_kv_heads + heads).reshape(-1)  # (KVH * B * L,)
         q_pos = torch.as_tensor(q_pos).expand(B, T)  # (B, T)
         mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < key_len[:, None, None])
         # Padded query rows are dropped later; let them see key 0 so softmax stays finite.
@@ -114,4 +119,5 @@ class BatchLayout:
             mask=None if bool(mask.all()) else dev(mask),
             slots=dev(slots),
             key_slots=dev(key_slots),
+            key_rows=dev(key_rows),
         )

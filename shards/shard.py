@@ -81,7 +81,7 @@ class Shard(nn.Module):
             raise ValueError(f"cache page_size {cache.page_size} != layout page_size {layout.page_size}")
         if hidden.shape != (layout.num_tokens, self.config.hidden_size):
             raise ValueError(f"hidden {tuple(hidden.shape)} != ({layout.num_tokens}, {self.config.hidden_size})")
-        lt = layout.tensors(self.device)
+        lt = layout.tensors(self.device, self.config.num_kv_heads)
         cos, sin = self.rotary.cos_sin(lt.positions, self.dtype)  # (N, 1, D) each
         x = hidden.to(device=self.device, dtype=self.dtype)  # (N, hidden)
         stateless = layout.page_tables is None

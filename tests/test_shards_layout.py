@@ -20,6 +20,8 @@ def test_layout_indices_are_exact() -> None:
     assert lt.token_index.tolist() == [0, 1, 2, 3]
     assert lt.key_slots.tolist() == [[16, 17, 18, 19, 4, 0], [0, 1, 2, 3, 8, 9]]
     assert layout.tensors("cpu") is lt  # built once per step
+    rows = layout.tensors("cpu", num_kv_heads=2).key_rows.view(2, 2, 6)  # (KVH, B, L)
+    assert torch.equal(rows[0], lt.key_slots * 2) and torch.equal(rows[1], lt.key_slots * 2 + 1)
 
 
 def test_layout_rejects_bad_input() -> None:
@@ -61,7 +63,24 @@ def test_paged_attention_matches_naive_on_mixed_batch() -> None:
         flat_k, flat_v = k_cache.view(-1, KVH, D), v_cache.view(-1, KVH, D)
         expected.append(naive_attention(q[row : row + n], k[row : row + n], v[row : row + n], flat_k[slots], flat_v[slots]))
         row += n
-    got = paged_attention(q, k, v, BatchLayout(new, cached, tables, ps).tensors("cpu"), k_cache, v_cache)
+    layout = BatchLayout(new, cached, tables, ps)
+    got = paged_attention(q, k, v, layout.tensors("cpu", KVH), k_cache, v_cache)
     torch.testing.assert_close(got, torch.cat(expected), rtol=1e-5, atol=1e-5)
     # The new keys were written where the page tables say.
     assert torch.equal(k_cache[2, 0], k[4]) and torch.equal(v_cache[3, 1], v[5])
+
+
+def test_paged_decode_matches_naive() -> None:
+    g = torch.Generator().manual_seed(1)
+    H, KVH, D, ps = 6, 3, 8, 4
+    cached, tables = [6, 2, 9], [[1, 4], [0], [2, 3, 5]]
+    k_cache, v_cache = torch.randn(6, ps, KVH, D, generator=g), torch.randn(6, ps, KVH, D, generator=g)
+    q, k, v = torch.randn(3, H, D, generator=g), torch.randn(3, KVH, D, generator=g), torch.randn(3, KVH, D, generator=g)
+    flat_k, flat_v = k_cache.view(-1, KVH, D).clone(), v_cache.view(-1, KVH, D).clone()
+    expected = []
+    for i, (c, pages) in enumerate(zip(cached, tables)):
+        slots = [pages[j // ps] * ps + j % ps for j in range(c)]
+        expected.append(naive_attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], flat_k[slots], flat_v[slots]))
+    layout = BatchLayout.decode(cached, tables, ps)
+    got = paged_attention(q, k, v, layout.tensors("cpu", KVH), k_cache, v_cache)
+    torch.testing.assert_close(got, torch.cat(expected), rtol=1e-5, atol=1e-5)
