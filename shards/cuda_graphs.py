@@ -1,0 +1,172 @@
+"""Decode steps as CUDA graphs: one replay runs every layer of the shard for up to 64 sequences.
+
+`decode_forward` is the decode-only (one new token per sequence) forward of a Shard, built from
+the same modules and weights as `DecoderBlock.forward` but with fused kernels (`kernels.fused`:
+residual add + RMSNorm, RoPE + KV write, SiLU*up; `kernels.paged_attention`), so a layer is 9
+launches. Its metadata (positions, cache slots, key counts, page table) are device tensors of
+fixed shape, which is what lets `DecodeGraphs` capture it.
+
+`DecodeGraphs(shard, cache, max_pages_per_seq)` captures one graph per bucket batch size
+(1, 2, 4, ..., 64) over static buffers. `.run(hidden, layout)` copies the hidden rows and one
+packed int32 metadata block to the device (one host->device copy) and replays the graph of the
+smallest bucket that fits; padding rows write no KV (slot -1). Anything a graph cannot take
+(prefill rows, more sequences or pages than captured, a sub-range of layers, CPU) falls back
+to `shard.forward`, so callers can use `.run` unconditionally.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.fused import add_rmsnorm, rotary_write_kv, silu_mul
+from kernels.paged_attention import choose_splits, decode_attention
+from shards.batch import BatchLayout
+from shards.kv_cache import KVCache
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@torch.inference_mode()
+def decode_forward(
+    shard: torch.nn.Module,
+    cache: KVCache,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor,
+    lens: torch.Tensor,
+    table: torch.Tensor,
+    max_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """hidden (B, hidden) of one new token per sequence -> (B, hidden) after all shard layers.
+
+    positions (B,) = tokens already cached; slots (B,) = cache slot of the new token (-1: skip);
+    lens (B,) = positions + 1; table (B, P) page ids. Writes the new K/V into `cache`.
+    """
+    c = shard.config
+    H, KVH, D = c.num_heads, c.num_kv_heads, c.head_dim
+    B = hidden.shape[0]
+    inv_freq = shard.rotary.inv_freq
+    x = hidden.to(shard.dtype).clone()  # (B, hidden); updated in place by add_rmsnorm
+    delta = None
+    for i, blk in enumerate(shard.blocks):
+        kc, vc = cache.k[i], cache.v[i]
+        n, x = add_rmsnorm(x, delta, blk.input_norm.weight, blk.input_norm.eps)
+        q = rotary_write_kv(blk.wqkv(n), positions, inv_freq, slots, kc, vc, H, KVH, D)  # (B, H, D)
+        attn = decode_attention(q, kc, vc, table, lens, cache.page_size, max_len, num_splits)  # (B, H, D)
+        n, x = add_rmsnorm(x, blk.wo(attn.view(B, H * D)), blk.post_attention_norm.weight, blk.post_attention_norm.eps)
+        delta = blk.w_down(silu_mul(blk.w_gate_up(n)))  # (B, hidden)
+    return x + delta
+
+
+class DecodeGraphs:
+    """Captured decode steps for one (shard, cache) pair; see the module docstring."""
+
+    def __init__(
+        self,
+        shard: torch.nn.Module,
+        cache: KVCache,
+        max_pages_per_seq: int,
+        buckets: tuple[int, ...] = BUCKETS,
+    ) -> None:
+        self.shard, self.cache = shard, cache
+        self.max_pages = max_pages_per_seq
+        self.max_len = max_pages_per_seq * cache.page_size
+        self.buckets = tuple(sorted(buckets))
+        self.enabled = shard.device.type == "cuda" and torch.cuda.is_available()
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+        if not self.enabled:
+            return
+        mb, dev = self.buckets[-1], shard.device
+        self._hidden = torch.zeros(mb, shard.config.hidden_size, dtype=shard.dtype, device=dev)
+        # [positions (mb) | slots (mb) | lens (mb) | table (mb * P)]: one copy per step.
+        n = mb * (3 + self.max_pages)
+        self._meta = torch.zeros(n, dtype=torch.int32, device=dev)
+        self._host = torch.zeros(n, dtype=torch.int32, pin_memory=True)
+        self._host_np = self._host.numpy()
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+
+    # ------------------------------------------------------------------ public
+
+    def can_run(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int] | None = None) -> bool:
+        pts = layout.page_tables
+        return (
+            self.enabled
+            and pts is not None
+            and layers in (None, (self.shard.start, self.shard.end))
+            and layout.page_size == self.cache.page_size
+            and len(layout.new_tokens) <= self.buckets[-1]
+            and all(n == 1 for n in layout.new_tokens)
+            and max(len(p) for p in pts) <= self.max_pages
+            and hidden.shape[0] == len(layout.new_tokens)
+        )
+
+    @torch.inference_mode()
+    def run(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int] | None = None) -> torch.Tensor:
+        """Same result as `shard.forward(hidden, layout, cache, layers)`, from a graph when possible."""
+        if not self.can_run(hidden, layout, layers):
+            return self.shard.forward(hidden, layout, self.cache, layers)
+        B = len(layout.new_tokens)
+        bs = next(b for b in self.buckets if b >= B)
+        if bs not in self.graphs:
+            self.capture((bs,))
+        self._fill(layout, bs)
+        self._hidden[:B].copy_(hidden, non_blocking=True)
+        graph, out = self.graphs[bs]
+        graph.replay()
+        return out[:B].clone()
+
+    @torch.inference_mode()
+    def capture(self, buckets: tuple[int, ...] | None = None) -> None:
+        """Capture the given buckets (default: all), largest first so they share one memory pool."""
+        if not self.enabled:
+            return
+        for bs in sorted(buckets or self.buckets, reverse=True):
+            if bs in self.graphs:
+                continue
+            self._fill_padding(bs)  # warm-up and capture write no KV (every row is padding)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # compile / autotune the kernels outside the capture
+                    self._body(bs)
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self._body(bs)
+            self._pool = graph.pool()
+            self.graphs[bs] = (graph, out)
+
+    # ------------------------------------------------------------------ internals
+
+    def _views(self, bs: int) -> tuple[torch.Tensor, ...]:
+        mb, m = self.buckets[-1], self._meta
+        table = m[3 * mb :].view(mb, self.max_pages)[:bs]
+        return m[:bs], m[mb : mb + bs], m[2 * mb : 2 * mb + bs], table
+
+    def _body(self, bs: int) -> torch.Tensor:
+        pos, slots, lens, table = self._views(bs)
+        KVH = self.shard.config.num_kv_heads
+        splits = choose_splits(bs, KVH, self.max_len)
+        return decode_forward(self.shard, self.cache, self._hidden[:bs], pos, slots, lens, table, self.max_len, splits)
+
+    def _fill_padding(self, bs: int) -> None:
+        self._copied.synchronize()
+        mb, h = self.buckets[-1], self._host_np
+        h[:mb], h[mb : 2 * mb], h[2 * mb : 3 * mb] = 0, -1, 1
+        self._meta.copy_(self._host)
+
+    def _fill(self, layout: BatchLayout, bs: int) -> None:
+        self._copied.synchronize()  # the previous step's copy has read the staging buffer
+        mb, ps, h = self.buckets[-1], layout.page_size, self._host_np
+        B = len(layout.cached_tokens)
+        table = h[3 * mb :].reshape(mb, self.max_pages)
+        for b, (pos, pages) in enumerate(zip(layout.cached_tokens, layout.page_tables)):  # type: ignore[arg-type]
+            h[b], h[mb + b], h[2 * mb + b] = pos, pages[pos // ps] * ps + pos % ps, pos + 1
+            table[b, : len(pages)] = pages
+        h[B:bs], h[mb + B : mb + bs], h[2 * mb + B : 2 * mb + bs] = 0, -1, 1  # padding rows
+        self._meta.copy_(self._host, non_blocking=True)
+        self._copied.record()
