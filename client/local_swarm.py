@@ -137,11 +137,12 @@ class LocalSwarm:
         self.initial_peers = process.maddrs[:1]
         return process
 
-    def start_peer(self, model: Path, layers: str, *extra: str, wait: bool = True) -> SwarmProcess:
-        args = ["serve", "--model", str(model), "--layers", layers, *extra]
+    def start_peer(self, model: Path, layers: str | None, *extra: str, wait: bool = True) -> SwarmProcess:
+        """A `swarm-peer serve` of `layers` ("START:END"; None lets the peer choose, see --num-layers)."""
+        args = ["serve", "--model", str(model), *(["--layers", layers] if layers else []), *extra]
         if self.initial_peers:
             args += ["--initial-peers", self.initial_peers[0]]
-        process = self.spawn(args, f"peer-{layers.replace(':', '-')}")
+        process = self.spawn(args, f"peer-{(layers or 'auto').replace(':', '-')}")
         if wait:
             self.wait_online(process)
         return process

@@ -104,7 +104,10 @@ def dht(
 @app.command()
 def serve(
     model: Annotated[Path, typer.Option("--model", help="Hugging Face checkpoint folder (safetensors + config.json).")],
-    layers: Annotated[str, typer.Option("--layers", help="Layers to serve, half-open START:END, e.g. 0:15.")],
+    layers: Annotated[str | None, typer.Option("--layers", help="Serve exactly these layers, half-open START:END (e.g. 0:15), and never move.")] = None,
+    num_layers: Annotated[int | None, typer.Option("--num-layers", help="Serve this many layers where the swarm is weakest, and move when a gap opens. Default (no --layers either): as many as fit in memory.")] = None,
+    balance_period: Annotated[float, typer.Option(help="Seconds between checks whether moving would help the swarm (randomised +-25%).")] = 120.0,
+    balance_quality: Annotated[float, typer.Option(help="Move only if the swarm's bottleneck throughput grows by more than 1/quality.")] = 0.75,
     initial_peers: InitialPeers = None,
     model_name: Annotated[str | None, typer.Option(help="Name of the model in the DHT. Default: the checkpoint folder's name.")] = None,
     host_maddrs: HostMaddrs = None,
@@ -127,12 +130,20 @@ def serve(
     faulty: Annotated[float, typer.Option(hidden=True, help="TEST ONLY: add noise of this std to outputs.")] = 0.0,
     log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "info",
 ) -> None:
-    """Serve layers START:END of a model to the swarm until Ctrl-C / SIGTERM."""
+    """Serve layers of a model to the swarm until Ctrl-C / SIGTERM."""
     setup_logging(log_level)
-    try:
-        layer_range = LayerRange.parse(layers)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--layers") from None
+    layer_range = None
+    if layers is not None and num_layers is not None:
+        raise typer.BadParameter("give either --layers (fixed) or --num-layers (self-placing), not both")
+    if layers is not None:
+        try:
+            layer_range = LayerRange.parse(layers)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--layers") from None
+    if num_layers is not None and num_layers < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--num-layers")
+    if not 0 < balance_quality <= 1:
+        raise typer.BadParameter("must be in (0, 1]", param_hint="--balance-quality")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}: choose float32, bfloat16 or float16", param_hint="--dtype")
     if not model.is_dir():
@@ -140,6 +151,9 @@ def serve(
     config = PeerConfig(
         model_path=model,
         layers=layer_range,
+        num_layers=num_layers,
+        balance_period=balance_period,
+        balance_quality=balance_quality,
         model_name=model_name or model.resolve().name,
         initial_peers=tuple(initial_peers or ()),
         host_maddrs=tuple(host_maddrs or ("/ip4/127.0.0.1/tcp/0",)),
@@ -178,7 +192,7 @@ def serve(
             if not config.initial_peers:
                 for addr in server.visible_maddrs():
                     say(addr)
-            say(f"online {server.peer_id} {config.layers}")
+            say(f"online {server.peer_id} {server.layers}")
             await stop.wait()
         finally:
             await server.stop()

@@ -24,8 +24,9 @@ class ServingLimits:
 @dataclass(frozen=True)
 class PeerConfig:
     model_path: Path
-    layers: LayerRange
+    layers: LayerRange | None  # None: the peer chooses (num_layers, or as many as fit) and may move
     model_name: str
+    num_layers: int | None = None
     initial_peers: tuple[str, ...] = ()
     host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
     identity_path: Path | None = None
@@ -40,6 +41,8 @@ class PeerConfig:
     alloc_timeout: float = 5.0  # a step that finds the page pool full waits this long, then gets "busy"
     step_timeout: float = 30.0  # downstream push timeout
     num_threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    balance_period: float = 120.0  # seconds between re-reads of the swarm (randomised +-25%)
+    balance_quality: float = 0.75  # move only if the bottleneck grows by more than 1/quality
     faulty: float = 0.0  # TEST ONLY: std of noise added to outputs, to exercise client verification
     limits: ServingLimits = field(default_factory=ServingLimits)
 

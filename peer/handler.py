@@ -174,7 +174,7 @@ class StreamHandler:
 
     async def _forward(self, msg: dict[str, Any]) -> dict[str, Any]:
         if not self.accepting():
-            raise ProtocolError("shutting_down", "this peer is leaving; route elsewhere", retryable=True)
+            raise ProtocolError("shutting_down", "this peer is leaving or moving; route elsewhere", retryable=True)
         layers = self._layers_of(msg)
         new_tokens = m.require_int_list(msg, "new_tokens", min=1, max=self.registry.limits.max_length)
         if not 1 <= len(new_tokens) <= self.registry.limits.max_batch:
@@ -187,7 +187,7 @@ class StreamHandler:
 
     def _open(self, msg: dict[str, Any], remote: str, stream: PeerStream, owned: list[str]) -> dict[str, Any]:
         if not self.accepting():
-            raise ProtocolError("shutting_down", "this peer is leaving; route elsewhere", retryable=True)
+            raise ProtocolError("shutting_down", "this peer is leaving or moving; route elsewhere", retryable=True)
         session_id = m.require_str(msg, "session_id", max_len=128, default="") or uuid.uuid4().hex
         max_length = m.require_int(msg, "max_length", min=1)
         batch = m.require_int(msg, "batch", min=1, default=1)

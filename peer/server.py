@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
+from peer.balancer import balance_loop, choose_initial_layers
 from peer.config import PeerConfig
 from peer.handler import ServedModel, StreamHandler
 from peer.push import PushLinks
@@ -21,13 +22,14 @@ from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
 from peer.throughput import measure_throughput
 from shards.batch import BatchLayout
+from shards.config import ModelConfig
 from shards.paging import PagePool
 from shards.shard import Shard
 from swarm.codec import Limits
 from swarm.connection import stream_handler
 from swarm.dht import SwarmNode
 from swarm.messages import PROTOCOL_NAME
-from swarm.types import PeerRecord, PeerState
+from swarm.types import LayerRange, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
@@ -45,31 +47,19 @@ class PeerServer:
     def __init__(self, config: PeerConfig) -> None:
         self.config = config
         self.state = PeerState.JOINING
+        self.layers = config.layers  # None until chosen (see peer/balancer.py)
         self.throughput = 0.0
         self.started = time.time()
         self.node: SwarmNode | None = None
-        self._stop = asyncio.Event()
+        self.model_config = ModelConfig.from_pretrained(config.model_path)
+        self.migrations = 0
+        self.moving = False  # while True, new sessions are refused (they go to other peers)
 
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
         if cfg.num_threads > 0:
             torch.set_num_threads(cfg.num_threads)
-        logger.info("loading layers %s of %s (%s, %s)", cfg.layers, cfg.model_path, cfg.dtype, cfg.device)
-        self.shard = await loop.run_in_executor(
-            None,
-            lambda: Shard.from_pretrained(
-                cfg.model_path, cfg.layers.start, cfg.layers.end, dtype=DTYPES[cfg.dtype], device=cfg.device
-            ),
-        )
-        self.pool = PagePool(cfg.num_pages, cfg.page_size)
-        self.cache = self.shard.new_cache(cfg.num_pages, cfg.page_size)
-        self.registry = SessionRegistry(self.pool, cfg.limits)
-        self.scheduler = BatchScheduler(
-            self._run_batch, page_size=cfg.page_size, max_batch_tokens=cfg.max_chunk_tokens,
-            batch_window=cfg.batch_window,
-        )
-        self.scheduler.start()
         logger.info("joining the swarm (%d initial peers)", len(cfg.initial_peers))
         self.node = await loop.run_in_executor(
             None,
@@ -80,25 +70,70 @@ class PeerServer:
             ),
         )
         self.p2p = await self.node.replicate_p2p()
+        if self.layers is None:
+            self.layers = await choose_initial_layers(self)
+        self.shard = await self._load(self.layers)
+        self.pool = PagePool(cfg.num_pages, cfg.page_size)
+        self.cache = self.shard.new_cache(cfg.num_pages, cfg.page_size)
+        self.registry = SessionRegistry(self.pool, cfg.limits)
+        self.scheduler = BatchScheduler(
+            self._run_batch, page_size=cfg.page_size, max_batch_tokens=cfg.max_chunk_tokens,
+            batch_window=cfg.batch_window,
+        )
+        self.scheduler.start()
         self.limits = Limits(cfg.limits.max_frame_bytes, cfg.limits.max_tensor_elements)
         self.push_links = PushLinks(self.p2p, self.limits, cfg.step_timeout)
         self.handler = StreamHandler(
-            ServedModel(cfg.layers, self.shard.config.hidden_size, DTYPES[cfg.dtype]),
+            ServedModel(self.layers, self.model_config.hidden_size, DTYPES[cfg.dtype]),
             self.registry, self.scheduler, self.push_links, self.limits, self.info,
-            cfg.alloc_timeout, lambda: self.state is not PeerState.OFFLINE, cfg.faulty,
+            cfg.alloc_timeout, lambda: self.state is not PeerState.OFFLINE and not self.moving, cfg.faulty,
         )
         await self.p2p.add_binary_stream_handler(PROTOCOL_NAME, stream_handler(self.handler.serve, self.limits))
         await self._announce()  # JOINING: visible to monitors while we measure
-        self.throughput = await loop.run_in_executor(
-            None, lambda: measure_throughput(self.shard, page_size=cfg.page_size)
-        )
-        logger.info("throughput: %.1f tokens/s through %d layers", self.throughput, len(cfg.layers))
+        await self._measure()
         self.state = PeerState.ONLINE
         await self._announce()
         self._background = [
             loop.create_task(self._announce_loop(), name="announce"),
             loop.create_task(self._reap_loop(), name="reap-idle"),
         ]
+        if cfg.layers is None:  # a fixed --layers peer never moves
+            self._background.append(loop.create_task(balance_loop(self), name="balance"))
+
+    async def _load(self, layers: LayerRange) -> Shard:
+        cfg = self.config
+        logger.info("loading layers %s of %s (%s, %s)", layers, cfg.model_path, cfg.dtype, cfg.device)
+        return await asyncio.get_running_loop().run_in_executor(
+            None,
+            lambda: Shard.from_pretrained(cfg.model_path, layers.start, layers.end, dtype=DTYPES[cfg.dtype],
+                                          device=cfg.device),
+        )
+
+    async def _measure(self) -> None:
+        self.throughput = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: measure_throughput(self.shard, page_size=self.config.page_size)
+        )
+        logger.info("throughput: %.1f tokens/s through %d layers", self.throughput, len(self.layers))
+
+    async def migrate(self, target: LayerRange) -> None:
+        """Serve `target` instead of the current range, without dropping a request silently.
+
+        The new weights load while the old range keeps serving; then the new range is
+        announced, open sessions are told to fail over (a clear retryable error frame each),
+        and the old weights and cache are freed.
+        """
+        logger.info("moving from layers %s to %s", self.layers, target)
+        shard = await self._load(target)
+        cache = shard.new_cache(self.config.num_pages, self.config.page_size)
+        old, self.moving = self.layers, True
+        await self.handler.fail_all("wrong_layers", f"peer moved from layers {old} to {target}; fail over")
+        self.shard, self.cache, self.layers = shard, cache, target
+        self.handler.served.layers = target
+        self.moving = False
+        self.migrations += 1
+        await self._measure()
+        await self._announce()
+        logger.info("now serving layers %s", target)
 
     @property
     def peer_id(self) -> str:
@@ -112,11 +147,11 @@ class PeerServer:
     def record(self) -> PeerRecord:
         cfg = self.config
         return PeerRecord(
-            peer_id=self.peer_id, model=cfg.model_name, layers=cfg.layers, state=self.state,
+            peer_id=self.peer_id, model=cfg.model_name, layers=self.layers, state=self.state,
             throughput=self.throughput, free_pages=self.pool.num_free, total_pages=self.pool.num_pages,
             page_size=cfg.page_size, dtype=cfg.dtype, quant="none", version=software_version(),
             public_name=cfg.public_name, fingerprint=self.shard.fingerprint,
-            addrs=tuple(self.visible_maddrs()), num_layers=self.shard.config.num_layers, updated=time.time(),
+            addrs=tuple(self.visible_maddrs()), num_layers=self.model_config.num_layers, updated=time.time(),
         )
 
     def info(self) -> dict:
@@ -130,6 +165,7 @@ class PeerServer:
                 "busy_seconds": round(self.scheduler.busy_seconds, 3),
                 "pushes": self.push_links.pushes,
                 "uptime": round(time.time() - self.started, 1),
+                "migrations": self.migrations,
                 "errors": dict(self.handler.errors),
                 "refusals": dict(self.registry.counters),
             },
@@ -163,12 +199,6 @@ class PeerServer:
             for session_id in await self.registry.close_idle():
                 logger.info("closed idle session %s", session_id)
                 self.push_links.close(session_id)
-
-    def request_stop(self) -> None:
-        self._stop.set()
-
-    async def wait_stopped(self) -> None:
-        await self._stop.wait()
 
     async def stop(self) -> None:
         """Leave politely: OFFLINE first, so clients stop routing here before sessions end."""
