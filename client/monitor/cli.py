@@ -19,6 +19,10 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 logger = logging.getLogger("swarm-monitor")
 
 
+class JoinError(RuntimeError):
+    """The DHT could not be joined at start (no initial peer answered): nothing to monitor yet."""
+
+
 async def serve(
     initial_peers: list[str], host: str, port: int, refresh: float, rpc_timeout: float, stale_after: float
 ) -> None:
@@ -34,9 +38,10 @@ async def serve(
         loop.add_signal_handler(sig, stop.set)
 
     # Starting the DHT blocks (it spawns a child process and bootstraps): keep the loop free.
-    node = await loop.run_in_executor(
-        None, lambda: SwarmNode(initial_peers=initial_peers, client_mode=True)
-    )
+    try:
+        node = await loop.run_in_executor(None, lambda: SwarmNode(initial_peers=initial_peers, client_mode=True))
+    except Exception as e:
+        raise JoinError(f"cannot join the DHT via {', '.join(initial_peers)}: {e}") from None
     p2p = None
     runner = None
     task = None
@@ -73,14 +78,14 @@ async def serve(
 def main(
     initial_peers: Annotated[
         list[str],
-        typer.Option("--initial-peers", help="Multiaddr of a DHT node of the swarm, e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3Koo... (repeatable; at least one)."),
+        typer.Option("--initial-peers", metavar="MADDR", help="Multiaddr of a DHT node of the swarm, e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3Koo... (repeatable; at least one)."),
     ],
-    host: Annotated[str, typer.Option(help="Address to serve HTTP on. 127.0.0.1 keeps the page local; 0.0.0.0 makes it public.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port for HTTP (0: any free port, printed on stdout).", min=0, max=65535)] = 8080,
-    refresh: Annotated[float, typer.Option(help="Seconds between two reads of the DHT and probes of every peer; the page refreshes at the same pace.", min=0.5)] = 10.0,
-    rpc_timeout: Annotated[float, typer.Option(help="Seconds to wait for a peer's info answer (and for each DHT read) before calling it unreachable.", min=0.1)] = 5.0,
-    stale_after: Annotated[float | None, typer.Option(help="Mark the data stale when the last good refresh is older than this many seconds. Default: 3 x refresh + rpc-timeout.")] = None,
-    log_level: Annotated[str, typer.Option(help="Logging level on stderr: debug, info, warning or error.")] = "info",
+    host: Annotated[str, typer.Option(metavar="HOST", help="Address to serve HTTP on. 127.0.0.1 keeps the page local; 0.0.0.0 makes it public.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(metavar="PORT", help="TCP port for HTTP (0: any free port, printed on stdout).", min=0, max=65535)] = 8080,
+    refresh: Annotated[float, typer.Option(metavar="SECONDS", help="Seconds between two reads of the DHT and probes of every peer; the page refreshes at the same pace.", min=0.5)] = 10.0,
+    rpc_timeout: Annotated[float, typer.Option(metavar="SECONDS", help="Seconds to wait for a peer's info answer (and for each DHT read) before calling it unreachable.", min=0.1)] = 5.0,
+    stale_after: Annotated[float | None, typer.Option(metavar="SECONDS", help="Mark the data stale when the last good refresh is older than this many seconds. Default: 3 x refresh + rpc-timeout.")] = None,
+    log_level: Annotated[str, typer.Option(metavar="LEVEL", help="Logging level on stderr: debug, info, warning or error.")] = "info",
 ) -> None:
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
@@ -91,6 +96,9 @@ def main(
     stale = stale_after if stale_after is not None else 3 * refresh + rpc_timeout
     try:
         asyncio.run(serve(initial_peers, host, port, refresh, rpc_timeout, stale))
+    except JoinError as e:
+        logger.error("%s", e)
+        raise typer.Exit(2) from None
     except OSError as e:  # port in use, bad host: a message, not a traceback
         logger.error("cannot serve on %s:%s: %s", host, port, e)
         raise typer.Exit(1) from None

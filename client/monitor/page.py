@@ -26,6 +26,11 @@ def fmt_num(value: float | None, digits: int = 1, unit: str = "") -> str:
     return f"{text} {unit}".strip()
 
 
+def fmt_rate(value: float | None) -> str:
+    """Tokens per second: decimals only where they carry information."""
+    return fmt_num(value, 0 if isinstance(value, (int, float)) and abs(value) >= 100 else 1)
+
+
 def fmt_time(ts: float | None) -> str:
     if ts is None:
         return "never"
@@ -90,7 +95,7 @@ def peer_row(peer: Mapping[str, Any], num_layers: int) -> str:
         ("Peer", "mono", f'<span title="{esc(peer["peer_id"])}">…{esc(peer["short_id"])}</span>'),
         ("Layers", "", range_bar(peer["layers"], num_layers)),
         ("State", "", f'<span class="pill {esc(peer["state"])}">{esc(peer["state"])}</span>'),
-        ("Throughput", "num", fmt_num(peer["throughput"], 1, "tok/s")),
+        ("Throughput", "num", fmt_rate(peer["throughput"]) + " tok/s"),
         ("Free KV pages", "num", pages),
         ("Dtype", "mono", esc(peer["dtype"]) + quant),
         ("Version", "mono", esc(peer["version"] or "—")),
@@ -114,8 +119,8 @@ def model_card(model: Mapping[str, Any]) -> str:
         (f'{model["coverage"] * 100:.0f}%', "layers covered"),
         (str(model["num_layers"]), "layers"),
         (f'{counts["serving"]} / {counts["total"]}', "peers serving"),
-        (fmt_num(model["throughput"], 1), "total tok/s"),
-        (fmt_num(model["bottleneck_throughput"], 1), "bottleneck tok/s"),
+        (fmt_rate(model["throughput"]), "total tok/s"),
+        (fmt_rate(model["bottleneck_throughput"]), "bottleneck tok/s"),
     ]
     kpi_html = "".join(f'<div class="kpi"><b>{esc(v)}</b><span>{label}</span></div>' for v, label in kpis)
     gaps = ""
