@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -15,3 +16,4 @@ class ClientConfig:
     retry_backoff: float = 0.5  # seconds, doubled after every failed attempt of one step
     push: bool = False  # server-to-server push for decode steps (see benchmarks/bench_client_modes.py)
     view_max_age: float = 5.0  # re-read the DHT when the cached view is older than this
+    swarm_key: str | Path | None = None  # secret file of a private swarm (swarm/auth.py)

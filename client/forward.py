@@ -10,7 +10,6 @@ from client.hop import TORCH_DTYPES
 from client.session import SwarmError, is_hop_failure
 from swarm import messages as m
 from swarm.codec import encode_tensor
-from swarm.connection import open_stream
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +23,7 @@ async def forward_through_swarm(swarm, hidden: torch.Tensor, new_tokens: list[in
         for hop in route:
             record = view.records[hop.peer_id]
             try:
-                stream = await open_stream(swarm.p2p, hop.peer_id, swarm.limits)
+                stream = await swarm.open_stream(hop.peer_id)
                 try:
                     reply = await stream.request(
                         {"type": m.FORWARD, "hidden": encode_tensor(x.to(TORCH_DTYPES.get(record.dtype, torch.float32))),

@@ -7,13 +7,13 @@ replaying them as one prefill; `truncate` cuts them like the peer cuts its cache
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import torch
 
 from swarm import messages as m
-from swarm.codec import Limits, encode_tensor
-from swarm.connection import PeerStream, open_stream
+from swarm.codec import encode_tensor
+from swarm.connection import PeerStream
 from swarm.errors import ConnectionClosed, RemoteError
 from swarm.types import LayerRange, PeerRecord
 
@@ -46,8 +46,8 @@ class HopSession:
             raise ConnectionClosed(f"session with {self.peer_id} is closed", clean=True)
         return self.stream
 
-    async def open(self, p2p: Any, limits: Limits, timeout: float) -> None:
-        self.stream = await open_stream(p2p, self.peer_id, limits)
+    async def open(self, open_stream: Callable[[str], Awaitable[PeerStream]], timeout: float) -> None:
+        self.stream = await open_stream(self.peer_id)
         reply = await self.stream.request(
             {"type": m.OPEN, "session_id": self.session_id, "max_length": self.max_length,
              "batch": self.batch, "layers": [self.layers.start, self.layers.end]},

@@ -211,7 +211,7 @@ class InferenceSession:
             for planned in route:
                 hop = HopSession(view.records[planned.peer_id], planned.layers, self.batch, self.max_length)
                 hops.append(hop)
-                await asyncio.wait_for(hop.open(self.swarm.p2p, self.swarm.limits, self._timeout),
+                await asyncio.wait_for(hop.open(self.swarm.open_stream, self._timeout),
                                        self.swarm.config.connect_timeout + self._timeout)
                 if x is not None:
                     replay_id = self._new_id()

@@ -12,7 +12,9 @@ from typing import Any
 from client.config import ClientConfig
 from client.loop import LoopThread
 from routing import BanList, NoRouteError, RouteCosts, plan_route
+from swarm.auth import SwarmKey
 from swarm.codec import Limits
+from swarm.connection import PeerStream, open_stream
 from swarm.dht import SwarmNode
 from swarm.types import Route, SwarmView
 
@@ -30,7 +32,8 @@ class SwarmClient:
         self.costs = RouteCosts()
         self._view: SwarmView | None = None
         self._view_time = 0.0
-        self.node = SwarmNode(initial_peers=list(config.initial_peers), client_mode=True)
+        self.swarm_key = SwarmKey.load(config.swarm_key) if config.swarm_key else None
+        self.node = SwarmNode(initial_peers=list(config.initial_peers), client_mode=True, swarm_key=self.swarm_key)
         try:
             self.p2p: Any = loop.run(self.node.replicate_p2p(), timeout=config.connect_timeout)
         except BaseException:
@@ -50,10 +53,18 @@ class SwarmClient:
             view = await self.view(fresh)
             return plan_route(view, start=start, end=end, costs=self.costs,
                               banned=self.bans.penalties(time.monotonic()), pages_needed=pages_needed)
-        except NoRouteError:
+        except NoRouteError as e:
             if fresh:
+                if not self._view.records and self.swarm_key is None:
+                    e.args = (f"{e.args[0]} (no peer of {self.model_name} is visible at all: check the model "
+                              "name and initial peers; a private swarm also needs swarm_key=FILE)",)
                 raise
             return await self.plan(start, end, pages_needed, fresh=True)
+
+    async def open_stream(self, peer_id: str) -> PeerStream:
+        """A protocol stream to `peer_id` (authenticated in a private swarm)."""
+        return await open_stream(self.p2p, peer_id, self.limits, swarm_key=self.swarm_key,
+                                 timeout=self.config.connect_timeout)
 
     def ban(self, peer_id: str) -> None:
         seconds = self.bans.ban(peer_id, time.monotonic())

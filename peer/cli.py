@@ -35,6 +35,10 @@ HostMaddrs = Annotated[
     list[str] | None,
     typer.Option("--host-maddrs", help="Multiaddr to listen on (repeatable). Default /ip4/127.0.0.1/tcp/0; use /ip4/0.0.0.0/tcp/PORT to accept other machines."),
 ]
+SwarmKeyFile = Annotated[
+    Path | None,
+    typer.Option("--swarm-key", help="Secret file of a private swarm (make one with `swarm-peer keygen`); strangers cannot read its records or open sessions."),
+]
 Identity = Annotated[
     Path | None,
     typer.Option("--identity", help="Private key file; created (mode 0600) if missing, so the peer id survives restarts."),
@@ -78,14 +82,18 @@ def dht(
     host_maddrs: HostMaddrs = None,
     initial_peers: InitialPeers = None,
     identity: Identity = None,
+    swarm_key: SwarmKeyFile = None,
     log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "info",
 ) -> None:
     """Run a bootstrap DHT node that others join; prints its multiaddrs on stdout, one per line."""
     setup_logging(log_level)
     from swarm.dht import SwarmNode
 
+    key = load_swarm_key(swarm_key)
+
     async def main(stop: asyncio.Event) -> None:
         node = SwarmNode(
+            swarm_key=key,
             initial_peers=initial_peers or [],
             host_maddrs=host_maddrs or ["/ip4/127.0.0.1/tcp/0"],
             identity_path=str(identity) if identity else None,
@@ -117,6 +125,7 @@ def serve(
     page_size: Annotated[int, typer.Option(help="Tokens per KV cache page.")] = 16,
     public_name: Annotated[str, typer.Option(help="A name shown on the monitor page.")] = "",
     identity: Identity = None,
+    swarm_key: SwarmKeyFile = None,
     max_chunk_tokens: Annotated[int, typer.Option(help="Largest batch of tokens per forward pass; long prefills are split into chunks of this size.")] = 512,
     batch_window: Annotated[float, typer.Option(help="Seconds to gather steps of other sessions into one batch while busy.")] = 0.002,
     alloc_timeout: Annotated[float, typer.Option(help="Seconds a step waits for free KV pages before a 'busy' error.")] = 5.0,
@@ -144,6 +153,7 @@ def serve(
         raise typer.BadParameter("must be at least 1", param_hint="--num-layers")
     if not 0 < balance_quality <= 1:
         raise typer.BadParameter("must be in (0, 1]", param_hint="--balance-quality")
+    load_swarm_key(swarm_key)  # a bad key file is reported now, not after loading weights
     if dtype not in ("float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}: choose float32, bfloat16 or float16", param_hint="--dtype")
     if not model.is_dir():
@@ -158,6 +168,7 @@ def serve(
         initial_peers=tuple(initial_peers or ()),
         host_maddrs=tuple(host_maddrs or ("/ip4/127.0.0.1/tcp/0",)),
         identity_path=identity,
+        swarm_key=swarm_key,
         device=device,
         dtype=dtype,
         cache_tokens=cache_tokens,
@@ -198,6 +209,29 @@ def serve(
             await server.stop()
 
     _run_until_signal(main)
+
+
+def load_swarm_key(path: Path | None):
+    from swarm.auth import SwarmKey, SwarmKeyError
+
+    if path is None:
+        return None
+    try:
+        return SwarmKey.load(path)
+    except SwarmKeyError as e:
+        raise typer.BadParameter(str(e), param_hint="--swarm-key") from None
+
+
+@app.command()
+def keygen(path: Annotated[Path, typer.Argument(help="Where to write the new secret (refuses to overwrite).")]) -> None:
+    """Create a swarm key file (mode 0600) for a private swarm; give it to every member."""
+    from swarm.auth import SwarmKey
+
+    try:
+        SwarmKey.generate(path)
+    except FileExistsError:
+        raise typer.BadParameter(f"{path} exists; remove it first or choose another path") from None
+    say(str(path))
 
 
 @app.command(

@@ -30,6 +30,7 @@ class PeerConfig:
     initial_peers: tuple[str, ...] = ()
     host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
     identity_path: Path | None = None
+    swarm_key: Path | None = None  # private swarm: members share this secret file
     device: str = "cpu"
     dtype: str = "float32"
     cache_tokens: int = 8192

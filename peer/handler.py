@@ -21,8 +21,9 @@ from peer.push import PushLinks
 from peer.scheduler import BatchScheduler, WorkItem
 from peer.sessions import PeerSession, SessionRegistry
 from swarm import messages as m
+from swarm.auth import SwarmKey
 from swarm.codec import DTYPES, Limits, encode_tensor
-from swarm.connection import PeerStream, serve_stream
+from swarm.connection import PeerStream, require_auth, serve_stream
 from swarm.errors import ConnectionClosed, ProtocolError
 from swarm.types import LayerRange
 
@@ -51,6 +52,8 @@ class StreamHandler:
         alloc_timeout: float,
         accepting: Callable[[], bool],
         faulty: float = 0.0,
+        swarm_key: SwarmKey | None = None,
+        own_peer_id: str = "",
     ) -> None:
         self.served = served
         self.registry = registry
@@ -61,6 +64,8 @@ class StreamHandler:
         self.alloc_timeout = alloc_timeout
         self.accepting = accepting
         self.faulty = faulty
+        self.swarm_key = swarm_key  # private swarm: every stream must start with `auth`
+        self.own_peer_id = own_peer_id
         self.streams: dict[str, PeerStream] = {}  # session id -> the client stream its results go to
         self.errors: Counter[str] = Counter()  # error frames sent, by code (exported as metrics)
 
@@ -68,6 +73,9 @@ class StreamHandler:
         """Answer one stream's requests until it closes (register with `swarm.connection.stream_handler`)."""
         remote = stream.remote_peer_id
         owned: list[str] = []  # sessions opened on this stream die with it
+        if self.swarm_key is not None and not await require_auth(stream, self.swarm_key, self.own_peer_id):
+            self.errors["unauthorized"] += 1
+            return
         try:
             async for msg in serve_stream(stream):  # bad frames are answered in there
                 try:

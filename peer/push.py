@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from swarm.auth import SwarmKey
 from swarm.codec import Limits
 from swarm.connection import PeerStream, open_stream
 from swarm.errors import ConnectionClosed, ProtocolError
@@ -26,8 +27,9 @@ class _Link:
 
 
 class PushLinks:
-    def __init__(self, p2p: Any, limits: Limits, timeout: float) -> None:
+    def __init__(self, p2p: Any, limits: Limits, timeout: float, swarm_key: SwarmKey | None = None) -> None:
         self._p2p = p2p
+        self._swarm_key = swarm_key
         self._limits = limits
         self._timeout = timeout
         self._links: dict[str, _Link] = {}  # upstream session id -> link to its next hop
@@ -38,7 +40,7 @@ class PushLinks:
         if link is None or link.drain_task.done() or link.stream.remote_peer_id != peer_id:
             if link is not None:
                 self.close(session_id)  # the route changed (failover): drop the old link
-            stream = await asyncio.wait_for(open_stream(self._p2p, peer_id, self._limits), self._timeout)
+            stream = await asyncio.wait_for(open_stream(self._p2p, peer_id, self._limits, swarm_key=self._swarm_key), self._timeout)
             link = _Link(stream, asyncio.get_running_loop().create_task(self._drain(stream)))
             self._links[session_id] = link
         await asyncio.wait_for(link.stream.send(msg), self._timeout)

@@ -25,6 +25,7 @@ from shards.batch import BatchLayout
 from shards.config import ModelConfig
 from shards.paging import PagePool
 from shards.shard import Shard
+from swarm.auth import SwarmKey
 from swarm.codec import Limits
 from swarm.connection import stream_handler
 from swarm.dht import SwarmNode
@@ -53,6 +54,7 @@ class PeerServer:
         self.node: SwarmNode | None = None
         self.model_config = ModelConfig.from_pretrained(config.model_path)
         self.migrations = 0
+        self.swarm_key = SwarmKey.load(config.swarm_key) if config.swarm_key else None
         self.moving = False  # while True, new sessions are refused (they go to other peers)
 
     async def start(self) -> None:
@@ -67,6 +69,7 @@ class PeerServer:
                 initial_peers=list(cfg.initial_peers),
                 host_maddrs=list(cfg.host_maddrs),
                 identity_path=str(cfg.identity_path) if cfg.identity_path else None,
+                swarm_key=self.swarm_key,
             ),
         )
         self.p2p = await self.node.replicate_p2p()
@@ -82,11 +85,12 @@ class PeerServer:
         )
         self.scheduler.start()
         self.limits = Limits(cfg.limits.max_frame_bytes, cfg.limits.max_tensor_elements)
-        self.push_links = PushLinks(self.p2p, self.limits, cfg.step_timeout)
+        self.push_links = PushLinks(self.p2p, self.limits, cfg.step_timeout, self.swarm_key)
         self.handler = StreamHandler(
             ServedModel(self.layers, self.model_config.hidden_size, DTYPES[cfg.dtype]),
             self.registry, self.scheduler, self.push_links, self.limits, self.info,
             cfg.alloc_timeout, lambda: self.state is not PeerState.OFFLINE and not self.moving, cfg.faulty,
+            self.swarm_key, self.peer_id,
         )
         await self.p2p.add_binary_stream_handler(PROTOCOL_NAME, stream_handler(self.handler.serve, self.limits))
         await self._announce()  # JOINING: visible to monitors while we measure

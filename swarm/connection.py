@@ -13,10 +13,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
 from typing import Any
 
+from swarm.auth import SwarmKey
 from swarm.codec import Limits, decode_message, encode_message
 from swarm.errors import ConnectionClosed, FrameTooLarge, ProtocolError, RemoteError
 from swarm.framing import read_frame, write_frame
-from swarm.messages import ERROR, PROTOCOL_NAME
+from swarm.messages import AUTH, AUTHORIZED, ERROR, PROTOCOL_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -91,12 +92,45 @@ class PeerStream:
             await self.writer.wait_closed()
 
 
-async def open_stream(p2p: Any, peer_id: str, limits: Limits, name: str = PROTOCOL_NAME) -> PeerStream:
-    """Open a `layerswarm/v1` stream to `peer_id` (base58) through a hivemind P2P object."""
+async def open_stream(
+    p2p: Any, peer_id: str, limits: Limits, name: str = PROTOCOL_NAME, swarm_key: SwarmKey | None = None,
+    timeout: float = 30.0,
+) -> PeerStream:
+    """Open a `layerswarm/v1` stream to `peer_id` (base58) through a hivemind P2P object.
+
+    With `swarm_key` (a private swarm), the stream starts with the `auth` handshake.
+    """
     from hivemind.p2p import PeerID  # local import: only callers that open streams need hivemind
 
     _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
-    return PeerStream(reader, writer, limits, remote_peer_id=peer_id)
+    stream = PeerStream(reader, writer, limits, remote_peer_id=peer_id)
+    if swarm_key is not None:
+        proof = swarm_key.stream_proof(peer_id, p2p.peer_id.to_base58())
+        try:
+            await stream.request({"type": AUTH, "proof": proof}, timeout)
+        except BaseException:
+            await stream.close()
+            raise
+    return stream
+
+
+async def require_auth(stream: PeerStream, swarm_key: SwarmKey, own_peer_id: str, timeout: float = 30.0) -> bool:
+    """Server side of the handshake: True when the stream's first message proves membership.
+
+    A stranger gets an `unauthorized` error frame that says how to join (and the caller ends
+    the stream): nothing else is read from it, nothing allocated for it.
+    """
+    try:
+        msg = await stream.recv_raw(timeout)
+    except (ProtocolError, ConnectionError, asyncio.TimeoutError):
+        return False
+    if msg.get("type") == AUTH and swarm_key.check_stream_proof(msg.get("proof"), own_peer_id, stream.remote_peer_id):
+        await stream.send({"type": AUTHORIZED})
+        return True
+    with suppress(ConnectionError):
+        await stream.send_error(ProtocolError(
+            "unauthorized", "this swarm is private: join it with its swarm key (--swarm-key FILE / swarm_key=FILE)"))
+    return False
 
 
 async def serve_stream(stream: PeerStream) -> AsyncIterator[dict[str, Any]]:

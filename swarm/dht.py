@@ -3,6 +3,8 @@
 DHT key layout (documented in docs/protocol.md):
   layerswarm/v1/model/{model}   subkey = peer id (base58)   value = PeerRecord.to_dict()
   layerswarm/v1/models          subkey = model name         value = {"num_layers": int}
+In a private swarm (`swarm_key`), each key is replaced by `SwarmKey.dht_key(key)` and each value
+by its msgpack bytes sealed with the swarm key (swarm/auth.py).
 Every value expires at announce time + ttl, so peers that stop announcing vanish.
 
 hivemind runs the DHT in a child process (which owns the p2pd daemon); calls here block
@@ -17,9 +19,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import hivemind
+import msgpack
 from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
 
+from swarm.auth import SwarmKey
 from swarm.types import PeerRecord, SwarmView
 
 logger = logging.getLogger(__name__)
@@ -50,7 +54,9 @@ class SwarmNode:
         identity_path: str | None = None,
         client_mode: bool = False,
         start_timeout: float = 30,
+        swarm_key: SwarmKey | None = None,
     ) -> None:
+        self.swarm_key = swarm_key  # private swarm: keys derived, values sealed (see swarm/auth.py)
         kwargs: dict[str, Any] = {}
         if identity_path is not None:
             ensure_identity(identity_path)
@@ -121,40 +127,71 @@ class SwarmNode:
         if record.peer_id != self.peer_id:
             raise ValueError(f"record.peer_id {record.peer_id} is not this node's id {self.peer_id}")
         expiration = get_dht_time() + ttl
+        record_key, models_key = self._key(model_key(record.model)), self._key(MODELS_KEY)
         return [
             self.dht.store(
-                model_key(record.model),
-                record.to_dict(),
+                record_key,
+                self._seal(record.to_dict(), record_key),
                 expiration,
                 subkey=record.peer_id,
                 return_future=True,
             ),
             self.dht.store(
-                MODELS_KEY,
-                {"num_layers": record.num_layers},
+                models_key,
+                self._seal({"num_layers": record.num_layers}, models_key),
                 expiration,
                 subkey=record.model,
                 return_future=True,
             ),
         ]
 
+    # ---- private swarms: the same layout under derived keys, with sealed values ----------------
+    def _key(self, name: str) -> str:
+        return name if self.swarm_key is None else self.swarm_key.dht_key(name)
+
+    def _seal(self, value: dict[str, Any], key: str) -> Any:
+        if self.swarm_key is None:
+            return value
+        return self.swarm_key.seal(msgpack.packb(value, use_bin_type=True), key)
+
+    def _unseal(self, found: Any, key: str) -> dict[Any, Any]:
+        """{subkey: value} of a DHT entry, dropping values a private swarm's members did not seal."""
+        values = _subkey_values(found)
+        if self.swarm_key is None:
+            return dict(values)
+        opened = {}
+        for subkey, sealed in values.items():
+            plain = self.swarm_key.open(sealed, key)
+            if plain is None:
+                logger.debug(f"dropping a value under {subkey!r} not sealed with this swarm's key")
+                continue
+            try:
+                opened[subkey] = msgpack.unpackb(plain, raw=False, strict_map_key=False)
+            except Exception:
+                continue
+        return opened
+
     # ---- fetch ------------------------------------------------------------------------------
     def fetch_view(self, model: str, num_layers: int | None = None) -> SwarmView:
         """Snapshot of the live records for `model`; malformed or mislabelled records are dropped."""
-        found = self.dht.get(model_key(model), latest=True)
+        key = self._key(model_key(model))
+        found = self._unseal(self.dht.get(key, latest=True), key)
         return _build_view(model, num_layers, found, self.list_models if num_layers is None else None)
 
     async def fetch_view_async(self, model: str, num_layers: int | None = None) -> SwarmView:
-        found = await self.dht.get(model_key(model), latest=True, return_future=True)
+        key = self._key(model_key(model))
+        found = self._unseal(await self.dht.get(key, latest=True, return_future=True), key)
         models = await self.list_models_async() if num_layers is None else {}
         return _build_view(model, num_layers, found, lambda: models)
 
     def list_models(self) -> dict[str, int]:
         """model name -> num_layers, for every model some peer announced recently."""
-        return _parse_registry(self.dht.get(MODELS_KEY, latest=True))
+        key = self._key(MODELS_KEY)
+        return _parse_registry(self._unseal(self.dht.get(key, latest=True), key))
 
     async def list_models_async(self) -> dict[str, int]:
-        return _parse_registry(await self.dht.get(MODELS_KEY, latest=True, return_future=True))
+        key = self._key(MODELS_KEY)
+        return _parse_registry(self._unseal(await self.dht.get(key, latest=True, return_future=True), key))
 
 
 def _subkey_values(found: Any) -> Mapping[Any, Any]:
@@ -164,9 +201,9 @@ def _subkey_values(found: Any) -> Mapping[Any, Any]:
     return {subkey: item.value for subkey, item in found.value.items()}
 
 
-def _parse_registry(found: Any) -> dict[str, int]:
+def _parse_registry(values: Mapping[Any, Any]) -> dict[str, int]:
     out: dict[str, int] = {}
-    for model, value in _subkey_values(found).items():
+    for model, value in values.items():
         n = value.get("num_layers") if isinstance(value, dict) else None
         if isinstance(model, str) and type(n) is int and n >= 0:
             out[model] = max(n, out.get(model, 0))
@@ -175,9 +212,9 @@ def _parse_registry(found: Any) -> dict[str, int]:
     return out
 
 
-def _build_view(model: str, num_layers: int | None, found: Any, models: Any) -> SwarmView:
+def _build_view(model: str, num_layers: int | None, found: Mapping[Any, Any], models: Any) -> SwarmView:
     records: dict[str, PeerRecord] = {}
-    for subkey, value in _subkey_values(found).items():
+    for subkey, value in found.items():
         try:
             record = PeerRecord.from_dict(value)
         except ValueError as e:

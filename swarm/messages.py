@@ -28,12 +28,14 @@ PUSH = "push"
 # replies
 RESULT = "result"
 OPENED = "opened"
+AUTH = "auth"  # first message on a stream into a private swarm's peer (swarm/auth.py)
+AUTHORIZED = "authorized"
 TRUNCATED = "truncated"
 CLOSED = "closed"
 ERROR = "error"
 
-REQUEST_TYPES = frozenset({INFO, FORWARD, OPEN, STEP, TRUNCATE, CLOSE, PUSH})
-REPLY_TYPES = frozenset({INFO, RESULT, OPENED, TRUNCATED, CLOSED, ERROR})
+REQUEST_TYPES = frozenset({INFO, FORWARD, OPEN, STEP, TRUNCATE, CLOSE, PUSH, AUTH})
+REPLY_TYPES = frozenset({INFO, RESULT, OPENED, TRUNCATED, CLOSED, ERROR, AUTHORIZED})
 
 # Error codes carried by `error` frames. Retryable means "the same request may succeed
 # later or elsewhere" (a client should fail over); the others mean "the request is wrong".
@@ -53,6 +55,9 @@ ERROR_CODES: dict[str, bool] = {
     "timeout": True,  # a downstream push or the compute did not finish in time
     "shutting_down": True,  # peer is leaving
     "internal": True,  # unexpected exception in the peer (it keeps running)
+    "unauthorized": False,  # a private swarm's peer, and the stream did not start with a valid `auth`
+    "too_long": False,  # the step would pass the session's max_length
+    "limit": False,  # a request above one of the peer's limits (batch size, ...)
 }
 
 
