@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from client.drafting import AdaptiveK
 from client.sampling import TokenChooser
 from client.session import InferenceSession
+from client.speculative import GenerationStats, make_drafter, run_speculative
 
 if TYPE_CHECKING:
     from client.model import DistributedModel
@@ -32,13 +35,27 @@ def run_generation(
     pad_token_id: int,
     streamer: Any,
     session: InferenceSession | None,
+    speculative: Any = None,
+    num_draft_tokens: int | None = None,
 ) -> torch.Tensor:
     from client.model import strip_left_padding
 
+    started = time.perf_counter()
     prompts = strip_left_padding(input_ids, attention_mask)
     batch = len(prompts)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    drafter, label = None, None
+    if speculative is not None:
+        if batch > 1:
+            raise ValueError(f"speculative decoding supports a batch of one sequence, got {batch}")
+        if num_draft_tokens is not None and num_draft_tokens < 1:
+            raise ValueError(f"num_draft_tokens must be >= 1, got {num_draft_tokens}")
+        drafter, label = make_drafter(model, speculative, chooser)
+        # A fixed num_draft_tokens is used as given; None: adaptive k starting at 4.
+        k_control = AdaptiveK(num_draft_tokens, num_draft_tokens, num_draft_tokens, adaptive=False) \
+            if num_draft_tokens else AdaptiveK()
+    stats = GenerationStats(speculative=label)
     if streamer is not None and batch > 1:
         raise ValueError("a streamer can only follow one sequence; pass a batch of one")
     own_session = session is None
@@ -57,13 +74,18 @@ def run_generation(
             f"prompt and max_new_tokens need {needed - 1} tokens but the session's max_length is "
             f"{session.max_length}; open a session with a larger max_length or shorten the prompt"
         )
+    generated: list[list[int]] = [[] for _ in range(batch)]
+    steps_before = session.stats.steps
     try:
         if streamer is not None:
             streamer.put(input_ids[:1].cpu())
         for seq, prompt in zip(session.token_ids, prompts):
             seq.extend(prompt)
-        generated: list[list[int]] = [[] for _ in range(batch)]
         finished = [False] * batch
+        if drafter is not None and max_new_tokens > 0:
+            generated[0] = run_speculative(model, session, feed[0], chooser, drafter, k_control,
+                                           max_new_tokens=max_new_tokens, streamer=streamer, stats=stats)
+            max_new_tokens, feed = 0, session.pending  # done: the token-by-token loop below is skipped
         logits = last_logits(model, session, feed) if max_new_tokens > 0 else None
         for step in range(max_new_tokens):
             chosen = chooser.choose(logits, session.token_ids, step)
@@ -86,5 +108,9 @@ def run_generation(
         model.last_session = session
         if own_session:
             session.close()
+        stats.steps = session.stats.steps - steps_before
+        stats.new_tokens = max(len(g) for g in generated)
+        stats.wall_time = time.perf_counter() - started
+        model.last_stats = stats
     new = torch.tensor(generated, dtype=input_ids.dtype).reshape(batch, -1)
     return torch.cat([input_ids, new], dim=1)

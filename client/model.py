@@ -18,6 +18,7 @@ from client.forward import forward_through_swarm
 from client.loop import LoopThread
 from client.sampling import SamplingParams, TokenChooser
 from client.session import InferenceSession
+from client.speculative import GenerationStats
 from client.swarm_client import SwarmClient
 from shards.config import ModelConfig
 from shards.head import ModelHead
@@ -75,6 +76,7 @@ class DistributedModel:
             self.loop.stop()
             raise
         self.last_session: InferenceSession | None = None
+        self.last_stats: GenerationStats | None = None  # set by every `generate`
 
     @classmethod
     def from_pretrained(
@@ -174,11 +176,19 @@ class DistributedModel:
         streamer: Any = None,
         session: InferenceSession | None = None,
         generator: torch.Generator | None = None,
+        speculative: str | Path | Any | None = None,
+        num_draft_tokens: int | None = None,
     ) -> torch.Tensor:
         """Like transformers' `generate`: returns (B, T + new) with the prompt (padding kept) first.
 
         With `session=`, the prompt continues that session's text (its earlier tokens stay cached
         on the peers), so multi-turn chats pay only for the new tokens.
+
+        `speculative="prompt_lookup"` or a draft checkpoint folder (a small causal LM with the same
+        tokenizer) drafts tokens on the client and verifies several per swarm step (batch of one
+        only): greedy output is identical to plain greedy, sampled output has the same
+        distribution. `num_draft_tokens` fixes the draft length; None adapts it (see
+        client/speculative.py). `self.last_stats` tells what the call did.
         """
         from client.generation import run_generation  # the loop lives apart from the API surface
 
@@ -200,6 +210,7 @@ class DistributedModel:
         return run_generation(
             self, input_ids, attention_mask, TokenChooser(params, generator), max_new_tokens=max_new_tokens,
             pad_token_id=int(pad), streamer=streamer, session=session,
+            speculative=speculative, num_draft_tokens=num_draft_tokens,
         )
 
     def chat(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, **kwargs: Any) -> str:
