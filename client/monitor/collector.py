@@ -46,11 +46,12 @@ async def probe_info(p2p: Any, peer_id: str, timeout: float) -> Probe:
     from swarm.connection import open_stream
 
     stream = None
+    deadline = time.monotonic() + timeout  # one budget for dial + request: a refresh waits at most this
     try:
         stream = await asyncio.wait_for(open_stream(p2p, peer_id, Limits()), timeout)
         # Time only the request on an open stream: dialing is a one-off cost, not the link's RTT.
         start = time.perf_counter()
-        reply = await stream.request({"type": "info"}, timeout)
+        reply = await stream.request({"type": "info"}, max(0.01, deadline - time.monotonic()))
         rtt = time.perf_counter() - start
         if not isinstance(reply.get("record"), dict):
             return Probe(peer_id, False, rtt, "info reply has no record", None, time.time())
