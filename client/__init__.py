@@ -13,6 +13,7 @@
 
 from client.config import ClientConfig
 from client.model import DistributedModel
-from client.session import InferenceSession, SwarmError
+from client.errors import SwarmError
+from client.session import InferenceSession
 
 __all__ = ["ClientConfig", "DistributedModel", "InferenceSession", "SwarmError"]

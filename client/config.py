@@ -16,4 +16,5 @@ class ClientConfig:
     retry_backoff: float = 0.5  # seconds, doubled after every failed attempt of one step
     push: bool = False  # server-to-server push for decode steps (see benchmarks/bench_client_modes.py)
     view_max_age: float = 5.0  # re-read the DHT when the cached view is older than this
+    verify: float = 0.0  # fraction of steps recomputed on other peers to catch wrong results
     swarm_key: str | Path | None = None  # secret file of a private swarm (swarm/auth.py)

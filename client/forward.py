@@ -3,22 +3,35 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 import torch
 
+from client.errors import SwarmError, is_hop_failure
 from client.hop import TORCH_DTYPES
-from client.session import SwarmError, is_hop_failure
 from swarm import messages as m
 from swarm.codec import encode_tensor
+
+if TYPE_CHECKING:
+    from client.swarm_client import SwarmClient
 
 logger = logging.getLogger(__name__)
 
 
-async def forward_through_swarm(swarm, hidden: torch.Tensor, new_tokens: list[int]) -> torch.Tensor:
-    """hidden (N, H) of ragged sequences -> (N, H) after every layer; failed hops are re-planned."""
-    position, x, failures = 0, hidden, 0
-    while position < swarm.num_layers:
-        route = await swarm.plan(position, swarm.num_layers, fresh=failures > 0)
+async def forward_through_swarm(
+    swarm: SwarmClient, hidden: torch.Tensor, new_tokens: list[int], start: int = 0, end: int | None = None,
+    exclude: Collection[str] = (), used: list[str] | None = None,
+) -> torch.Tensor:
+    """hidden (N, H) of ragged sequences -> (N, H) after layers [start, end) (default: all).
+
+    Failed hops are re-planned; peers in `exclude` are never used; the peers that computed the
+    result are appended to `used` (verification asks for an opinion from other peers).
+    """
+    end = swarm.num_layers if end is None else end
+    position, x, failures = start, hidden, 0
+    while position < end:
+        route = await swarm.plan(position, end, fresh=failures > 0, exclude=exclude)
         view = await swarm.view()
         for hop in route:
             record = view.records[hop.peer_id]
@@ -43,5 +56,7 @@ async def forward_through_swarm(swarm, hidden: torch.Tensor, new_tokens: list[in
                 break
             x = m.require_tensor(reply, "hidden", swarm.limits, ndim=2).to(torch.float32)
             position = hop.layers.end
+            if used is not None:
+                used.append(hop.peer_id)
     return x
 

@@ -13,39 +13,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
+from client.errors import SwarmError, is_hop_failure
 from client.hop import HopSession
 from client.swarm_client import SwarmClient
+from client.verify import find_liar
 from routing import NoRouteError
-from swarm.errors import ConnectionClosed, RemoteError
+from swarm.errors import RemoteError
 
 logger = logging.getLogger(__name__)
-
-# Errors that say "this hop is unusable now": we reroute. Other RemoteErrors mean the
-# request itself is wrong (a bug or a user error) and are raised as they are.
-FAILOVER_CODES = {"busy", "push_failed", "timeout", "shutting_down", "internal", "wrong_layers",
-                  "out_of_order", "no_session", "bad_reply"}
-
-
-class SwarmError(RuntimeError):
-    """Generation through the swarm could not continue; the message says why and what to try."""
-
-
-def is_hop_failure(error: BaseException) -> bool:
-    if isinstance(error, RemoteError):
-        return error.retryable or error.code in FAILOVER_CODES
-    return isinstance(error, (ConnectionError, ConnectionClosed, asyncio.TimeoutError, OSError))
-
 
 @dataclass
 class SessionStats:
     steps: int = 0
     failovers: int = 0
     retries: int = 0
+    caught: int = 0  # hops caught returning wrong results (see client/verify.py)
 
 
 class InferenceSession:
@@ -61,6 +49,7 @@ class InferenceSession:
         self.stats = SessionStats()
         self.failures: Counter[str] = Counter()  # by peer id
         self._next_id = 0
+        self._rng = random.Random()  # which steps get verified: unpredictable to the peers
         self.closed = False
         # Generation bookkeeping kept across `generate(..., session=...)` calls (multi-turn):
         self.token_ids: list[list[int]] = [[] for _ in range(batch)]  # every token seen per sequence
@@ -106,6 +95,9 @@ class InferenceSession:
         self.close()
 
     # -- async core ------------------------------------------------------------------------------
+    def _should_verify(self) -> bool:
+        return self.swarm.config.verify > 0 and self._rng.random() < self.swarm.config.verify
+
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id
@@ -119,7 +111,8 @@ class InferenceSession:
             self.hops = await self._open_route()
         step_id = self._new_id()
         index, x = 0, hidden
-        if push and len(self.hops) > 1 and self.lengths[0] > 0:
+        # Verification compares each hop's output before the next hop uses it: relay only.
+        if push and not self.swarm.config.verify and len(self.hops) > 1 and self.lengths[0] > 0:
             index, x = await self._push_step(x, new_tokens, step_id)
         attempts = 0
         while index < len(self.hops):
@@ -136,6 +129,15 @@ class InferenceSession:
                     raise SwarmError(f"layers {hop.layers} failed {attempts} times; last error: {e}") from e
                 await self._replace(index, e, attempts)
                 continue
+            if self._should_verify():
+                liar = await find_liar(self.swarm, hop, x, new_tokens, y)
+                if liar is not None:
+                    self.stats.caught += 1
+                    await self.swarm.distrust(liar, f"wrong output for layers {hop.layers}")
+                    if liar == hop.peer_id:  # redo this hop's step on an honest replacement
+                        attempts += 1
+                        await self._replace(index, SwarmError("returned a wrong result"), attempts)
+                        continue
             hop.record_inputs(x, new_tokens)
             x = y
             index += 1

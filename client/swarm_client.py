@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from typing import Any
 
 from client.config import ClientConfig
@@ -30,6 +31,7 @@ class SwarmClient:
         self.limits = Limits()
         self.bans = BanList()
         self.costs = RouteCosts()
+        self.distrusted: set[str] = set()  # peers caught returning wrong results: never used again
         self._view: SwarmView | None = None
         self._view_time = 0.0
         self.swarm_key = SwarmKey.load(config.swarm_key) if config.swarm_key else None
@@ -47,24 +49,35 @@ class SwarmClient:
             self._view_time = time.monotonic()
         return self._view
 
-    async def plan(self, start: int, end: int, pages_needed: int = 0, fresh: bool = False) -> Route:
+    async def plan(self, start: int, end: int, pages_needed: int = 0, fresh: bool = False,
+                   exclude: Collection[str] = ()) -> Route:
         """The fastest route over layers [start, end); a stale view gets one fresh re-read."""
         try:
             view = await self.view(fresh)
             return plan_route(view, start=start, end=end, costs=self.costs,
-                              banned=self.bans.penalties(time.monotonic()), pages_needed=pages_needed)
+                              banned=self.bans.penalties(time.monotonic()), pages_needed=pages_needed,
+                              exclude=set(exclude) | self.distrusted)
         except NoRouteError as e:
             if fresh:
                 if not self._view.records and self.swarm_key is None:
                     e.args = (f"{e.args[0]} (no peer of {self.model_name} is visible at all: check the model "
                               "name and initial peers; a private swarm also needs swarm_key=FILE)",)
                 raise
-            return await self.plan(start, end, pages_needed, fresh=True)
+            return await self.plan(start, end, pages_needed, fresh=True, exclude=exclude)
 
     async def open_stream(self, peer_id: str) -> PeerStream:
         """A protocol stream to `peer_id` (authenticated in a private swarm)."""
         return await open_stream(self.p2p, peer_id, self.limits, swarm_key=self.swarm_key,
                                  timeout=self.config.connect_timeout)
+
+    async def distrust(self, peer_id: str, reason: str) -> None:
+        """Never use `peer_id` again in this client, and report it on the DHT for the monitor."""
+        self.distrusted.add(peer_id)
+        logger.warning("peer %s returned wrong results (%s): no longer used; reported", peer_id, reason)
+        try:
+            await self.node.report_async(self.model_name, peer_id, reason)
+        except Exception as e:
+            logger.info("could not store the report on the DHT: %s", e)
 
     def ban(self, peer_id: str) -> None:
         seconds = self.bans.ban(peer_id, time.monotonic())

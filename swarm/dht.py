@@ -3,6 +3,7 @@
 DHT key layout (documented in docs/protocol.md):
   layerswarm/v1/model/{model}   subkey = peer id (base58)   value = PeerRecord.to_dict()
   layerswarm/v1/models          subkey = model name         value = {"num_layers": int}
+  layerswarm/v1/reports/{model} subkey = "peer|reporter"    value = {peer_id, reporter, reason, time}
 In a private swarm (`swarm_key`), each key is replaced by `SwarmKey.dht_key(key)` and each value
 by its msgpack bytes sealed with the swarm key (swarm/auth.py).
 Every value expires at announce time + ttl, so peers that stop announcing vanish.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,8 +34,15 @@ KEY_PREFIX = "layerswarm/v1"
 MODELS_KEY = f"{KEY_PREFIX}/models"
 
 
+REPORT_TTL = 3600.0  # a report of a lying peer stays visible for an hour
+
+
 def model_key(model: str) -> str:
     return f"{KEY_PREFIX}/model/{model}"
+
+
+def reports_key(model: str) -> str:
+    return f"{KEY_PREFIX}/reports/{model}"
 
 
 def ensure_identity(path: str) -> None:
@@ -170,6 +179,23 @@ class SwarmNode:
             except Exception:
                 continue
         return opened
+
+    # ---- reports of peers caught returning wrong results -----------------------------------------
+    async def report_async(self, model: str, peer_id: str, reason: str) -> bool:
+        """Tell the swarm (and its monitor) that `peer_id` returned wrong results to us."""
+        key = self._key(reports_key(model))
+        value = {"peer_id": peer_id, "reporter": self.peer_id, "reason": reason[:200], "time": time.time()}
+        return bool(await self.dht.store(key, self._seal(value, key), get_dht_time() + REPORT_TTL,
+                                         subkey=f"{peer_id}|{self.peer_id}", return_future=True))
+
+    async def fetch_reports_async(self, model: str) -> dict[str, list[dict[str, Any]]]:
+        """peer id -> the reports against it (one per reporter), newest data from the DHT."""
+        key = self._key(reports_key(model))
+        out: dict[str, list[dict[str, Any]]] = {}
+        for value in self._unseal(await self.dht.get(key, latest=True, return_future=True), key).values():
+            if isinstance(value, dict) and isinstance(value.get("peer_id"), str):
+                out.setdefault(value["peer_id"], []).append(value)
+        return out
 
     # ---- fetch ------------------------------------------------------------------------------
     def fetch_view(self, model: str, num_layers: int | None = None) -> SwarmView:
