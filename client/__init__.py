@@ -8,12 +8,29 @@
 - `swarm_client.py`: DHT node, P2P streams, view cache, bans and route planning.
 - `loop.py`: the private event loop thread behind the synchronous API.
 - `config.py`: `ClientConfig`.
+- `errors.py`: `SwarmError` and which failures mean "route around this peer".
+- `verify.py`: catching peers that return wrong results (ClientConfig.verify).
+- `local_swarm.py`: starting real peer processes on this machine (demo, benchmarks, tests).
+- `monitor/`: the `swarm-monitor` health page.
 - `cli.py`: `swarm-peer generate`; `demo.py`: `make demo`.
 """
 
-from client.config import ClientConfig
-from client.model import DistributedModel
-from client.errors import SwarmError
-from client.session import InferenceSession
+from typing import Any
 
-__all__ = ["ClientConfig", "DistributedModel", "InferenceSession", "SwarmError"]
+# Loaded on first use (PEP 562): `swarm-monitor` and `make demo`'s launcher import client.*
+# submodules without paying for torch and transformers.
+_LAZY = {
+    "ClientConfig": "client.config",
+    "DistributedModel": "client.model",
+    "InferenceSession": "client.session",
+    "SwarmError": "client.errors",
+}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'client' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_LAZY[name]), name)

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -24,14 +25,17 @@ class JoinError(RuntimeError):
 
 
 async def serve(
-    initial_peers: list[str], host: str, port: int, refresh: float, rpc_timeout: float, stale_after: float
+    initial_peers: list[str], host: str, port: int, refresh: float, rpc_timeout: float, stale_after: float,
+    swarm_key: Path | None = None,
 ) -> None:
     from aiohttp import web
 
     from client.monitor.app import make_app
     from client.monitor.collector import Collector, probe_info
+    from swarm.auth import SwarmKey
     from swarm.dht import SwarmNode
 
+    key = SwarmKey.load(swarm_key) if swarm_key else None  # a private swarm: read and probe as a member
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -39,7 +43,8 @@ async def serve(
 
     # Starting the DHT blocks (it spawns a child process and bootstraps): keep the loop free.
     try:
-        node = await loop.run_in_executor(None, lambda: SwarmNode(initial_peers=initial_peers, client_mode=True))
+        node = await loop.run_in_executor(None, lambda: SwarmNode(initial_peers=initial_peers, client_mode=True,
+                                                                          swarm_key=key))
     except Exception as e:
         raise JoinError(f"cannot join the DHT via {', '.join(initial_peers)}: {e}") from None
     p2p = None
@@ -47,7 +52,7 @@ async def serve(
     task = None
     try:
         p2p = await node.replicate_p2p()  # bound to this loop, where the probes run
-        collector = Collector(node, lambda pid: probe_info(p2p, pid, rpc_timeout), refresh, rpc_timeout)
+        collector = Collector(node, lambda pid: probe_info(p2p, pid, rpc_timeout, key), refresh, rpc_timeout)
         runner = web.AppRunner(make_app(collector, stale_after), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
@@ -85,6 +90,7 @@ def main(
     refresh: Annotated[float, typer.Option(metavar="SECONDS", help="Seconds between two reads of the DHT and probes of every peer; the page refreshes at the same pace.", min=0.5)] = 10.0,
     rpc_timeout: Annotated[float, typer.Option(metavar="SECONDS", help="Seconds to wait for a peer's info answer (and for each DHT read) before calling it unreachable.", min=0.1)] = 5.0,
     stale_after: Annotated[float | None, typer.Option(metavar="SECONDS", help="Mark the data stale when the last good refresh is older than this many seconds. Default: 3 x refresh + rpc-timeout.")] = None,
+    swarm_key: Annotated[Path | None, typer.Option("--swarm-key", metavar="FILE", help="Secret file of a private swarm (from `swarm-peer keygen`); without it a private swarm looks empty.")] = None,
     log_level: Annotated[str, typer.Option(metavar="LEVEL", help="Logging level on stderr: debug, info, warning or error.")] = "info",
 ) -> None:
     level = getattr(logging, log_level.upper(), None)
@@ -95,8 +101,8 @@ def main(
         raise typer.BadParameter("give at least one multiaddr", param_hint="--initial-peers")
     stale = stale_after if stale_after is not None else 3 * refresh + rpc_timeout
     try:
-        asyncio.run(serve(initial_peers, host, port, refresh, rpc_timeout, stale))
-    except JoinError as e:
+        asyncio.run(serve(initial_peers, host, port, refresh, rpc_timeout, stale, swarm_key))
+    except (JoinError, ValueError) as e:  # ValueError: a bad --swarm-key file (SwarmKeyError)
         logger.error("%s", e)
         raise typer.Exit(2) from None
     except OSError as e:  # port in use, bad host: a message, not a traceback

@@ -40,7 +40,7 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
 
 
-async def probe_info(p2p: Any, peer_id: str, timeout: float) -> Probe:
+async def probe_info(p2p: Any, peer_id: str, timeout: float, swarm_key: Any = None) -> Probe:
     """Ask one peer for `info` over a fresh stream; never raises (a failure is a Probe too)."""
     from swarm.codec import Limits
     from swarm.connection import open_stream
@@ -48,7 +48,7 @@ async def probe_info(p2p: Any, peer_id: str, timeout: float) -> Probe:
     stream = None
     deadline = time.monotonic() + timeout  # one budget for dial + request: a refresh waits at most this
     try:
-        stream = await asyncio.wait_for(open_stream(p2p, peer_id, Limits()), timeout)
+        stream = await asyncio.wait_for(open_stream(p2p, peer_id, Limits(), swarm_key=swarm_key), timeout)
         # Time only the request on an open stream: dialing is a one-off cost, not the link's RTT.
         start = time.perf_counter()
         reply = await stream.request({"type": "info"}, max(0.01, deadline - time.monotonic()))
