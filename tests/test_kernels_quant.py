@@ -1,0 +1,121 @@
+"""Quantized linear kernels vs torch references (GPU, or Triton's interpreter), and the CPU fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.quant_matmul import (
+    dequantize_int4,
+    dequantize_int8,
+    int4_linear,
+    int8_linear,
+    quantize_int4,
+    quantize_int8,
+)
+from kernels._triton import INTERPRET
+from tests.kernel_helpers import kernel_device, kernel_dtype, rel_err
+
+SHAPES = [(1, 256, 512), (3, 96, 576), (16, 64, 4096), (33, 160, 320), (64, 128, 1100)]
+
+
+def _poisoned_linear(fn, *args):
+    """Run with the output allocator poisoned: NaN anywhere unwritten would show."""
+    torch.manual_seed(1234)
+    return fn(*args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_kernel_matches_reference(M: int, N: int, K: int, bias: bool) -> None:
+    dev = kernel_device()
+    dt = kernel_dtype(dev)
+    w = torch.randn(N, K, device=dev) * 0.05
+    x = torch.randn(M, K, device=dev).to(dt)
+    b = torch.randn(N, device=dev).to(dt) if bias else None
+    q, s = quantize_int8(w)
+    ref = F.linear(x.double(), dequantize_int8(q, s).double(), None if b is None else b.double())
+    out = int8_linear(x, q, s, b)
+    assert out.shape == (M, N) and out.dtype == dt
+    assert rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("group_size", [64, 128])
+def test_int4_kernel_matches_reference(M: int, N: int, K: int, group_size: int) -> None:
+    dev = kernel_device()
+    dt = kernel_dtype(dev)
+    w = torch.randn(N, K, device=dev) * 0.05
+    x = torch.randn(M, K, device=dev).to(dt)
+    b = torch.randn(N, device=dev).to(dt)
+    q, s, m = quantize_int4(w, group_size)
+    ref = F.linear(x.double(), dequantize_int4(q, s, m, K).double(), b.double())
+    out = int4_linear(x, q, s, m, b)
+    assert out.shape == (M, N)
+    assert rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.gpu
+def test_quant_kernels_write_every_element() -> None:
+    """Outputs come from torch.empty; fill the caching allocator with NaN first so stale memory is NaN."""
+    dev = kernel_device()
+    dt = kernel_dtype(dev)
+    for _ in range(3):
+        junk = torch.full((64 * 1024,), float("nan"), dtype=dt, device=dev)
+        del junk  # the next allocation of this size class reuses the NaN block
+        x = torch.randn(37, 384, device=dev).to(dt)
+        w = torch.randn(200, 384, device=dev)
+        assert not torch.isnan(int8_linear(x, *quantize_int8(w))).any()
+        assert not torch.isnan(int4_linear(x, *quantize_int4(w, 64))).any()
+
+
+# ---------------------------------------------------------------- CPU: formats and fallbacks
+
+
+def test_int8_roundtrip_error_bound() -> None:
+    w = torch.randn(64, 300)
+    q, s = quantize_int8(w)
+    err = (dequantize_int8(q, s) - w).abs()
+    assert q.dtype == torch.int8 and s.shape == (64,)
+    assert (err <= s[:, None] / 2 + 1e-6).all()  # rounding error at most half a step
+
+
+@pytest.mark.parametrize("group_size", [64, 128])
+def test_int4_roundtrip_error_bound(group_size: int) -> None:
+    w = torch.randn(48, 200)  # 200 is not a multiple of either group size: padded
+    q, s, m = quantize_int4(w, group_size)
+    ng = -(-200 // group_size)
+    assert q.shape == (48, ng * group_size // 2) and q.dtype == torch.uint8
+    assert s.shape == m.shape == (ng, 48)
+    deq = dequantize_int4(q, s, m, 200)
+    assert deq.shape == w.shape
+    step = s.float().t().repeat_interleave(group_size, dim=1)[:, :200]  # (48, 200)
+    # Clipping may cut the extremes, but the relative error stays near uniform-noise level.
+    assert rel_err(deq, w) < 0.12
+    inside = (deq - w).abs() <= step / 2 + 1e-3
+    assert inside.float().mean() > 0.97
+
+
+def test_int4_packing_layout() -> None:
+    """Byte i of a group holds column i (low nibble) and column i + G/2 (high nibble)."""
+    G = 64
+    w = torch.arange(G, dtype=torch.float32).repeat(2, 1) % 16  # exact 0..15 ramp, min 0, step 1
+    q, s, m = quantize_int4(w, G)
+    assert torch.equal(q[0, :4].long(), torch.tensor([0 | (0 << 4), 1 | (1 << 4), 2 | (2 << 4), 3 | (3 << 4)]))
+    assert torch.allclose(dequantize_int4(q, s, m, G), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_fallbacks_match_dequantized_linear(dtype: torch.dtype) -> None:
+    if INTERPRET:
+        pytest.skip("under TRITON_INTERPRET the Triton path runs instead of the fallback")
+    x = torch.randn(5, 130).to(dtype)
+    w = torch.randn(70, 130) * 0.1
+    b = torch.randn(70).to(dtype)
+    q, s = quantize_int8(w)
+    assert torch.allclose(int8_linear(x, q, s, b), F.linear(x, dequantize_int8(q, s).to(dtype), b))
+    q4, s4, m4 = quantize_int4(w, 64)
+    assert torch.allclose(int4_linear(x, q4, s4, m4, b), F.linear(x, dequantize_int4(q4, s4, m4, 130).to(dtype), b))
