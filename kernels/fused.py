@@ -31,7 +31,9 @@ def add_rmsnorm_ref(
     return weight * n, x
 
 
-def rotary_write_kv_ref(qkv, positions, inv_freq, slots, k_cache, v_cache, H: int, KVH: int, D: int) -> torch.Tensor:
+def rotary_write_kv_ref(
+    qkv, positions, inv_freq, slots, k_cache, v_cache, H: int, KVH: int, D: int
+) -> torch.Tensor:
     B = qkv.shape[0]
     q, k, v = qkv.split([H * D, KVH * D, KVH * D], dim=-1)
     freqs = positions.float()[:, None] * inv_freq[None, :]  # (B, D/2)
@@ -68,11 +70,15 @@ def add_rmsnorm(
     B, Hd = x.shape
     y = torch.empty_like(x)
     d = delta if delta is not None else x
-    _rmsnorm_kernel[(B,)](x, d, weight, y, Hd, eps, HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(Hd))
+    _rmsnorm_kernel[(B,)](
+        x, d, weight, y, Hd, eps, HAS_DELTA=delta is not None, BLOCK=triton.next_power_of_2(Hd)
+    )
     return y, x
 
 
-def rotary_write_kv(qkv, positions, inv_freq, slots, k_cache, v_cache, H: int, KVH: int, D: int) -> torch.Tensor:
+def rotary_write_kv(
+    qkv, positions, inv_freq, slots, k_cache, v_cache, H: int, KVH: int, D: int
+) -> torch.Tensor:
     """qkv (B, (H + 2KVH) * D), positions/slots (B,), inv_freq (D/2,) fp32 -> q (B, H, D)."""
     if not triton_ok(qkv):
         return rotary_write_kv_ref(qkv, positions, inv_freq, slots, k_cache, v_cache, H, KVH, D)
@@ -91,7 +97,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     inter = I2 // 2
     y = torch.empty(B, inter, dtype=gate_up.dtype, device=gate_up.device)
     BLOCK = 1024
-    _silu_mul_kernel[(B, triton.cdiv(inter, BLOCK))](gate_up, y, inter, gate_up.stride(0), BLOCK=BLOCK, num_warps=4)
+    _silu_mul_kernel[(B, triton.cdiv(inter, BLOCK))](
+        gate_up, y, inter, gate_up.stride(0), BLOCK=BLOCK, num_warps=4
+    )
     return y
 
 

@@ -101,7 +101,9 @@ def decode_attention(
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if splits > 1:
-        _merge_kernel[(B, H)](part_o, part_ml, out, splits, D=D, BLOCK_S=triton.next_power_of_2(splits), num_warps=4)
+        _merge_kernel[(B, H)](
+            part_o, part_ml, out, splits, D=D, BLOCK_S=triton.next_power_of_2(splits), num_warps=4
+        )
     return out
 
 
@@ -123,7 +125,9 @@ if HAS_TRITON:
         rn = tl.arange(0, BLOCK_N)
         g_ok = rg < G
         heads = kh * G + rg  # (BG,) query heads sharing this KV head
-        q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + rd[None, :], mask=g_ok[:, None], other=0.0)
+        q = tl.load(
+            q_ptr + b * stride_qb + heads[:, None] * stride_qh + rd[None, :], mask=g_ok[:, None], other=0.0
+        )
         m_i = tl.full((BLOCK_G,), float("-inf"), tl.float32)
         l_i = tl.zeros((BLOCK_G,), tl.float32)
         acc = tl.zeros((BLOCK_G, D), tl.float32)

@@ -89,7 +89,9 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Ten
 # ---------------------------------------------------------------- public ops
 
 
-def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def int8_linear(
+    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """x (..., K) -> (..., N) = x @ (qweight * scale)^T + bias."""
     if not (triton_ok(x) and x.dtype in (torch.bfloat16, torch.float16)):
         return F.linear(x, dequantize_int8(qweight, scale).to(x.dtype), bias)
@@ -113,7 +115,9 @@ def _block_m(M: int) -> int:
     return 16 if M <= 16 else 32 if M <= 32 else 64
 
 
-def _launch(x: torch.Tensor, qweight: torch.Tensor, bias: torch.Tensor | None, kind: str, **q: torch.Tensor) -> torch.Tensor:
+def _launch(
+    x: torch.Tensor, qweight: torch.Tensor, bias: torch.Tensor | None, kind: str, **q: torch.Tensor
+) -> torch.Tensor:
     shape = x.shape
     K = shape[-1]
     x2 = x.reshape(-1, K)
@@ -196,7 +200,9 @@ if HAS_TRITON:
                 g_ok = g < NG
                 k_lo = g * G + rh
                 x_lo = tl.load(x_ptrs + g * G, mask=m_ok[:, None] & (k_lo < K)[None, :] & g_ok, other=0.0)
-                x_hi = tl.load(x_ptrs + g * G + HALF, mask=m_ok[:, None] & (k_lo + HALF < K)[None, :] & g_ok, other=0.0)
+                x_hi = tl.load(
+                    x_ptrs + g * G + HALF, mask=m_ok[:, None] & (k_lo + HALF < K)[None, :] & g_ok, other=0.0
+                )
                 wb = tl.load(w_ptrs + g * HALF, mask=n_ok[:, None] & g_ok, other=0)
                 lo = (wb & 15).to(x_lo.dtype)
                 hi = (wb >> 4).to(x_lo.dtype)

@@ -54,7 +54,9 @@ def decode_forward(
         n, x = add_rmsnorm(x, delta, blk.input_norm.weight, blk.input_norm.eps)
         q = rotary_write_kv(blk.wqkv(n), positions, inv_freq, slots, kc, vc, H, KVH, D)  # (B, H, D)
         attn = decode_attention(q, kc, vc, table, lens, cache.page_size, max_len, num_splits)  # (B, H, D)
-        n, x = add_rmsnorm(x, blk.wo(attn.view(B, H * D)), blk.post_attention_norm.weight, blk.post_attention_norm.eps)
+        n, x = add_rmsnorm(
+            x, blk.wo(attn.view(B, H * D)), blk.post_attention_norm.weight, blk.post_attention_norm.eps
+        )
         delta = blk.w_down(silu_mul(blk.w_gate_up(n)))  # (B, hidden)
     return x + delta
 
@@ -90,7 +92,9 @@ class DecodeGraphs:
 
     # ------------------------------------------------------------------ public
 
-    def can_run(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int] | None = None) -> bool:
+    def can_run(
+        self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int] | None = None
+    ) -> bool:
         pts = layout.page_tables
         return (
             self.enabled
@@ -104,7 +108,9 @@ class DecodeGraphs:
         )
 
     @torch.inference_mode()
-    def run(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int] | None = None) -> torch.Tensor:
+    def run(
+        self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int] | None = None
+    ) -> torch.Tensor:
         """Same result as `shard.forward(hidden, layout, cache, layers)`, from a graph when possible."""
         if not self.can_run(hidden, layout, layers):
             return self.shard.forward(hidden, layout, self.cache, layers)
@@ -151,7 +157,9 @@ class DecodeGraphs:
         pos, slots, lens, table = self._views(bs)
         KVH = self.shard.config.num_kv_heads
         splits = choose_splits(bs, KVH, self.max_len)
-        return decode_forward(self.shard, self.cache, self._hidden[:bs], pos, slots, lens, table, self.max_len, splits)
+        return decode_forward(
+            self.shard, self.cache, self._hidden[:bs], pos, slots, lens, table, self.max_len, splits
+        )
 
     def _fill_padding(self, bs: int) -> None:
         self._copied.synchronize()

@@ -25,7 +25,9 @@ def kernel_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float16
 
 
-def tiny_config(num_kv_heads: int = 2, attention_bias: bool = False, hidden: int = 256, layers: int = 3) -> ModelConfig:
+def tiny_config(
+    num_kv_heads: int = 2, attention_bias: bool = False, hidden: int = 256, layers: int = 3
+) -> ModelConfig:
     return ModelConfig(
         hidden_size=hidden, intermediate_size=2 * hidden + 64, num_layers=layers, num_heads=8, num_kv_heads=num_kv_heads,
         head_dim=hidden // 8, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None, vocab_size=100,
@@ -35,7 +37,9 @@ def tiny_config(num_kv_heads: int = 2, attention_bias: bool = False, hidden: int
 
 
 @torch.no_grad()
-def random_shard(config: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int = 0, std: float = 0.05) -> Shard:
+def random_shard(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device | str, seed: int = 0, std: float = 0.05
+) -> Shard:
     """All layers of `config` with seeded random weights (normal(0, std); norms near 1)."""
     shard = Shard(config, 0, config.num_layers, dtype, torch.device(device))
     shard.blocks.to_empty(device=device).to(dtype)  # meta blocks are float32; from_pretrained assigns

@@ -56,7 +56,9 @@ def test_decode_kernel_output_fully_written() -> None:
         vc = torch.randn(20, 16, 2, 64, device=dev).to(dt)
         table = torch.arange(20, device=dev, dtype=torch.int32).view(4, 5)
         lens = torch.tensor([1, 80, 33, 5], dtype=torch.int32, device=dev)
-        out = decode_attention(torch.randn(4, 8, 64, device=dev).to(dt), kc, vc, table, lens, 16, num_splits=splits)
+        out = decode_attention(
+            torch.randn(4, 8, 64, device=dev).to(dt), kc, vc, table, lens, 16, num_splits=splits
+        )
         assert not torch.isnan(out).any()
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.fused import add_rmsnorm, add_rmsnorm_ref, rotary_write_kv, rotary_write_kv_ref, silu_mul, silu_mul_ref
+from kernels.fused import (
+    add_rmsnorm,
+    add_rmsnorm_ref,
+    rotary_write_kv,
+    rotary_write_kv_ref,
+    silu_mul,
+    silu_mul_ref,
+)
 from shards.batch import BatchLayout
 from shards.cuda_graphs import DecodeGraphs, decode_forward
 from shards.quant import quantize_shard
@@ -74,7 +81,9 @@ def _check_decode_steps(shard, run, cache_ref, lens, pts, steps, gen, tol):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kv_heads,bias,quant", [(2, False, "none"), (8, True, "none"), (2, False, "int8"), (8, False, "int4")])
+@pytest.mark.parametrize(
+    "kv_heads,bias,quant", [(2, False, "none"), (8, True, "none"), (2, False, "int8"), (8, False, "int4")]
+)
 def test_decode_forward_and_graphs_match_shard_forward(kv_heads: int, bias: bool, quant: str) -> None:
     dev = kernel_device()
     dt = kernel_dtype(dev)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels._triton import INTERPRET
 from kernels.quant_matmul import (
     dequantize_int4,
     dequantize_int8,
@@ -14,7 +15,6 @@ from kernels.quant_matmul import (
     quantize_int4,
     quantize_int8,
 )
-from kernels._triton import INTERPRET
 from tests.kernel_helpers import kernel_device, kernel_dtype, rel_err
 
 SHAPES = [(1, 256, 512), (3, 96, 576), (16, 64, 4096), (33, 160, 320), (64, 128, 1100)]
@@ -104,7 +104,9 @@ def test_int4_packing_layout() -> None:
     G = 64
     w = torch.arange(G, dtype=torch.float32).repeat(2, 1) % 16  # exact 0..15 ramp, min 0, step 1
     q, s, m = quantize_int4(w, G)
-    assert torch.equal(q[0, :4].long(), torch.tensor([0 | (0 << 4), 1 | (1 << 4), 2 | (2 << 4), 3 | (3 << 4)]))
+    assert torch.equal(
+        q[0, :4].long(), torch.tensor([0 | (0 << 4), 1 | (1 << 4), 2 | (2 << 4), 3 | (3 << 4)])
+    )
     assert torch.allclose(dequantize_int4(q, s, m, G), w)
 
 
@@ -118,4 +120,6 @@ def test_cpu_fallbacks_match_dequantized_linear(dtype: torch.dtype) -> None:
     q, s = quantize_int8(w)
     assert torch.allclose(int8_linear(x, q, s, b), F.linear(x, dequantize_int8(q, s).to(dtype), b))
     q4, s4, m4 = quantize_int4(w, 64)
-    assert torch.allclose(int4_linear(x, q4, s4, m4, b), F.linear(x, dequantize_int4(q4, s4, m4, 130).to(dtype), b))
+    assert torch.allclose(
+        int4_linear(x, q4, s4, m4, b), F.linear(x, dequantize_int4(q4, s4, m4, 130).to(dtype), b)
+    )
