@@ -12,7 +12,7 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM
 
 from client import DistributedModel
-from client.drafting import AdaptiveK, PromptLookupDrafter
+from client.drafting import AdaptiveK, Draft, PromptLookupDrafter
 from client.local_swarm import LocalSwarm, SwarmProcess
 from client.sampling import SamplingParams, TokenChooser
 from client.session import InferenceSession
@@ -52,6 +52,19 @@ def reference(spec_swarm):
     return AutoModelForCausalLM.from_pretrained(spec_swarm[0], dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="module")
+def small_draft(spec_swarm, tmp_path_factory) -> Path:
+    """The target's first 4 of 6 layers with its own head: same vocabulary, a close-but-different q."""
+    model = AutoModelForCausalLM.from_pretrained(spec_swarm[0], dtype=torch.float32)
+    model.model.layers = model.model.layers[:4]
+    model.config.num_hidden_layers = 4
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:4]
+    path = tmp_path_factory.mktemp("draft-4-layers")
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
 def repetitive_prompt(reference, seed: int = 0) -> torch.Tensor:
     """x, the model's own greedy continuation of x, then x again: lookup can predict the rest."""
     x = torch.randint(3, 300, (1, 10), generator=torch.Generator().manual_seed(seed))
@@ -86,8 +99,8 @@ def test_prompt_lookup_greedy_identical_with_fewer_steps(remote: DistributedMode
 
 
 @pytest.mark.parametrize("draft", ["same", "small"])
-def test_draft_model_greedy_identical(remote: DistributedModel, reference, tiny_model_factory, spec_swarm, draft) -> None:
-    draft_path = spec_swarm[0] if draft == "same" else tiny_model_factory("llama", 2)  # same vocab, 2 layers
+def test_draft_model_greedy_identical(remote: DistributedModel, reference, small_draft, spec_swarm, draft) -> None:
+    draft_path = spec_swarm[0] if draft == "same" else small_draft
     ids = torch.randint(3, 300, (1, 12), generator=torch.Generator().manual_seed(3))
     expected = reference.generate(ids, max_new_tokens=30, do_sample=False)
     out = remote.generate(ids, max_new_tokens=30, speculative=str(draft_path), num_draft_tokens=4 if draft == "same" else None)
@@ -119,6 +132,23 @@ def test_speculative_refuses_batches(remote: DistributedModel) -> None:
         remote.generate(torch.ones(1, 4, dtype=torch.long), speculative=3)
 
 
+@pytest.mark.parametrize("point_mass", [True, False])
+def test_acceptance_rule_reproduces_p(point_mass: bool) -> None:
+    """In-process: draft x ~ q, verify one position; the emitted token must be distributed as p."""
+    gen = torch.Generator().manual_seed(0)
+    chooser = TokenChooser(SamplingParams(do_sample=True, top_k=0), gen)
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, 0.0], [0.0] * 5])  # position 0: p; position 1: unused here
+    p = torch.softmax(logits[0], dim=-1)
+    q = torch.tensor([0.1, 0.5, 0.1, 0.2, 0.1])
+    n, counts = 6000, torch.zeros(5)
+    for _ in range(n):
+        x = 1 if point_mass else int(torch.multinomial(q, 1, generator=gen))
+        out, _ = speculative_mod.verify(chooser, logits, Draft([x], None if point_mass else [q]), [3], 0)
+        counts[out[0]] += 1
+    stat, p_value = chisquare(counts.numpy(), (p * n).numpy())
+    assert p_value > 1e-3, (counts / n, p)
+
+
 def exact_joint(reference, chooser: TokenChooser, ids: torch.Tensor, n: int) -> dict[tuple[int, ...], float]:
     """The model's exact distribution of its first n sampled tokens (after the same warpers)."""
     dist: dict[tuple[int, ...], float] = {(): 1.0}
@@ -136,24 +166,24 @@ def exact_joint(reference, chooser: TokenChooser, ids: torch.Tensor, n: int) -> 
 
 
 @pytest.mark.parametrize("drafter", ["prompt_lookup", "small"])
-def test_sampling_distribution_is_exact(remote: DistributedModel, reference, tiny_model_factory, drafter) -> None:
+def test_sampling_distribution_is_exact(remote: DistributedModel, reference, small_draft, drafter) -> None:
     """Chi-square of N speculative samples of the first 3 tokens against the model's exact joint."""
     ids = repetitive_prompt(reference, seed=2)
     kwargs = dict(do_sample=True, temperature=1.5, top_k=3, max_new_tokens=3)
     exact = exact_joint(reference, TokenChooser(SamplingParams(**{k: v for k, v in kwargs.items() if k != "max_new_tokens"})), ids, 3)
-    speculative = "prompt_lookup" if drafter == "prompt_lookup" else str(tiny_model_factory("llama", 2))
+    speculative = "prompt_lookup" if drafter == "prompt_lookup" else str(small_draft)
     gen = torch.Generator().manual_seed(1234)
     counts: Counter[tuple[int, ...]] = Counter()
     drafted = accepted = 0
-    n = 240
+    n = 220
     prompt = ids[0].tolist()
     with remote.inference_session(max_length=64) as session:
-        remote.generate(ids, max_new_tokens=0, session=session)
+        remote.generate(ids[:, :-1], max_new_tokens=1, session=session)  # the peers now hold prompt[:-1]
         for _ in range(n):
             # Rewind the session to "prompt sent but its last token", so each sample reuses the
             # cached prompt instead of opening a session and prefilling again.
             speculative_mod.truncate_session(session, len(prompt) - 1)
-            session.token_ids, session.pending = [prompt[:-1]], [[prompt[-1]]]
+            session.token_ids, session.pending = [list(prompt)], [[prompt[-1]]]
             out = remote.generate(ids[:, :0], **kwargs, session=session, generator=gen,
                                   speculative=speculative, num_draft_tokens=2)
             counts[tuple(out[0].tolist())] += 1
@@ -170,7 +200,7 @@ def test_sampling_distribution_is_exact(remote: DistributedModel, reference, tin
     stat, p_value = chisquare(observed, expected)
     tv = 0.5 * sum(abs(counts[c] / n - exact[c]) for c in exact)
     print(f"{drafter}: accepted {accepted}/{drafted}, cells {len(big)}, chi2 {stat:.1f}, p {p_value:.3f}, TV {tv:.3f}")
-    assert p_value > 1e-3 and tv < 0.15
+    assert p_value > 1e-3 and tv < 0.25  # TV of 220 samples over ~27 cells is ~0.1 by chance alone
 
 
 def test_failover_replays_truncated_history(remote: DistributedModel, reference, spec_swarm, monkeypatch) -> None:
