@@ -76,7 +76,9 @@ class ModelDrafter:
     drafter's processed distribution and their q's are returned for the acceptance rule.
     """
 
-    def __init__(self, path: str | Path, vocab_size: int | None = None, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, path: str | Path, vocab_size: int | None = None, dtype: torch.dtype = torch.float32
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         self.path = Path(path)

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from client.drafting import AdaptiveK, Draft, Drafter, ModelDrafter, PromptLookupDrafter
-from client.sampling import TokenChooser
 from client.hop import HopSession
+from client.sampling import TokenChooser
 from client.session import InferenceSession, is_hop_failure
 
 if TYPE_CHECKING:
@@ -54,7 +54,9 @@ class GenerationStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
-def target_scores(chooser: TokenChooser, logits: torch.Tensor, context: list[int], generated: int) -> torch.Tensor:
+def target_scores(
+    chooser: TokenChooser, logits: torch.Tensor, context: list[int], generated: int
+) -> torch.Tensor:
     """Processed scores (1, V) for one position, exactly as `TokenChooser.choose` computes them."""
     params = chooser.params
     ids = torch.tensor([context], dtype=torch.long)  # (1, T)
@@ -125,7 +127,9 @@ def truncate_session(session: InferenceSession, length: int) -> None:
     timeout = session.swarm.config.step_timeout
 
     async def cut_all() -> None:
-        results = await asyncio.gather(*(h.truncate(length, timeout) for h in session.hops), return_exceptions=True)
+        results = await asyncio.gather(
+            *(h.truncate(length, timeout) for h in session.hops), return_exceptions=True
+        )
         for hop, result in zip(session.hops, results):
             if isinstance(result, BaseException):
                 if not is_hop_failure(result):
@@ -161,7 +165,9 @@ def make_drafter(model: DistributedModel, speculative: Any, chooser: TokenChoose
         return drafter, str(path)
     if hasattr(speculative, "propose"):
         return speculative, type(speculative).__name__
-    raise ValueError(f"speculative must be {PROMPT_LOOKUP!r}, a draft model folder or a drafter, got {speculative!r}")
+    raise ValueError(
+        f"speculative must be {PROMPT_LOOKUP!r}, a draft model folder or a drafter, got {speculative!r}"
+    )
 
 
 def run_speculative(

@@ -12,11 +12,11 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM
 
 from client import DistributedModel
+from client import speculative as speculative_mod
 from client.drafting import AdaptiveK, Draft, PromptLookupDrafter
 from client.local_swarm import LocalSwarm, SwarmProcess
 from client.sampling import SamplingParams, TokenChooser
 from client.session import InferenceSession
-from client import speculative as speculative_mod
 from client.speculative import target_scores
 from tests.swarm_processes import new_test_swarm
 
@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def spec_swarm(tiny_model_factory, tmp_path_factory) -> Iterator[tuple[Path, LocalSwarm, dict[str, SwarmProcess]]]:
+def spec_swarm(
+    tiny_model_factory, tmp_path_factory
+) -> Iterator[tuple[Path, LocalSwarm, dict[str, SwarmProcess]]]:
     """Layers 0:3 served twice, so the failover test can kill the first hop's peer (it runs last)."""
     model = tiny_model_factory("gqa", 6)
     swarm = new_test_swarm(tmp_path_factory.mktemp("spec-swarm"))
@@ -90,7 +92,11 @@ def test_prompt_lookup_greedy_identical_with_fewer_steps(remote: DistributedMode
     ids = repetitive_prompt(reference)
     expected = reference.generate(ids, max_new_tokens=40, do_sample=False)
     plain = remote.generate(ids, max_new_tokens=40)
-    assert remote.last_stats.steps == 40 and remote.last_stats.drafted == 0 and remote.last_stats.new_tokens == 40
+    assert (
+        remote.last_stats.steps == 40
+        and remote.last_stats.drafted == 0
+        and remote.last_stats.new_tokens == 40
+    )
     out = remote.generate(ids, max_new_tokens=40, speculative="prompt_lookup")
     stats = remote.last_stats
     print(stats)
@@ -99,11 +105,15 @@ def test_prompt_lookup_greedy_identical_with_fewer_steps(remote: DistributedMode
 
 
 @pytest.mark.parametrize("draft", ["same", "small"])
-def test_draft_model_greedy_identical(remote: DistributedModel, reference, small_draft, spec_swarm, draft) -> None:
+def test_draft_model_greedy_identical(
+    remote: DistributedModel, reference, small_draft, spec_swarm, draft
+) -> None:
     draft_path = spec_swarm[0] if draft == "same" else small_draft
     ids = torch.randint(3, 300, (1, 12), generator=torch.Generator().manual_seed(3))
     expected = reference.generate(ids, max_new_tokens=30, do_sample=False)
-    out = remote.generate(ids, max_new_tokens=30, speculative=str(draft_path), num_draft_tokens=4 if draft == "same" else None)
+    out = remote.generate(
+        ids, max_new_tokens=30, speculative=str(draft_path), num_draft_tokens=4 if draft == "same" else None
+    )
     stats = remote.last_stats
     print(draft, stats)
     assert torch.equal(out, expected)
@@ -122,7 +132,9 @@ def test_speculative_in_a_multi_turn_session_and_eos(remote: DistributedModel, r
     assert torch.equal(out2[:, -12:], reference.generate(whole, max_new_tokens=12, do_sample=False)[:, -12:])
     eos = int(out1[0, first.shape[1] + 5])  # stop at the 6th generated token, possibly inside a draft
     stopped = remote.generate(first, max_new_tokens=12, eos_token_id=eos, speculative="prompt_lookup")
-    assert torch.equal(stopped, reference.generate(first, max_new_tokens=12, do_sample=False, eos_token_id=eos))
+    assert torch.equal(
+        stopped, reference.generate(first, max_new_tokens=12, do_sample=False, eos_token_id=eos)
+    )
 
 
 def test_speculative_refuses_batches(remote: DistributedModel) -> None:
@@ -170,7 +182,12 @@ def test_sampling_distribution_is_exact(remote: DistributedModel, reference, sma
     """Chi-square of N speculative samples of the first 3 tokens against the model's exact joint."""
     ids = repetitive_prompt(reference, seed=2)
     kwargs = dict(do_sample=True, temperature=1.5, top_k=3, max_new_tokens=3)
-    exact = exact_joint(reference, TokenChooser(SamplingParams(**{k: v for k, v in kwargs.items() if k != "max_new_tokens"})), ids, 3)
+    exact = exact_joint(
+        reference,
+        TokenChooser(SamplingParams(**{k: v for k, v in kwargs.items() if k != "max_new_tokens"})),
+        ids,
+        3,
+    )
     speculative = "prompt_lookup" if drafter == "prompt_lookup" else str(small_draft)
     gen = torch.Generator().manual_seed(1234)
     counts: Counter[tuple[int, ...]] = Counter()
@@ -184,8 +201,14 @@ def test_sampling_distribution_is_exact(remote: DistributedModel, reference, sma
             # cached prompt instead of opening a session and prefilling again.
             speculative_mod.truncate_session(session, len(prompt) - 1)
             session.token_ids, session.pending = [list(prompt)], [[prompt[-1]]]
-            out = remote.generate(ids[:, :0], **kwargs, session=session, generator=gen,
-                                  speculative=speculative, num_draft_tokens=2)
+            out = remote.generate(
+                ids[:, :0],
+                **kwargs,
+                session=session,
+                generator=gen,
+                speculative=speculative,
+                num_draft_tokens=2,
+            )
             counts[tuple(out[0].tolist())] += 1
             drafted, accepted = drafted + remote.last_stats.drafted, accepted + remote.last_stats.accepted
     assert set(counts) <= set(exact), "a sample the model gives probability 0"
@@ -199,11 +222,15 @@ def test_sampling_distribution_is_exact(remote: DistributedModel, reference, sma
         observed, expected = observed[:-1], expected[:-1]
     stat, p_value = chisquare(observed, expected)
     tv = 0.5 * sum(abs(counts[c] / n - exact[c]) for c in exact)
-    print(f"{drafter}: accepted {accepted}/{drafted}, cells {len(big)}, chi2 {stat:.1f}, p {p_value:.3f}, TV {tv:.3f}")
+    print(
+        f"{drafter}: accepted {accepted}/{drafted}, cells {len(big)}, chi2 {stat:.1f}, p {p_value:.3f}, TV {tv:.3f}"
+    )
     assert p_value > 1e-3 and tv < 0.25  # TV of 220 samples over ~27 cells is ~0.1 by chance alone
 
 
-def test_failover_replays_truncated_history(remote: DistributedModel, reference, spec_swarm, monkeypatch) -> None:
+def test_failover_replays_truncated_history(
+    remote: DistributedModel, reference, spec_swarm, monkeypatch
+) -> None:
     """Drafts get rejected (truncate on every hop), then the first hop's peer is killed: same output."""
     _, _, peers = spec_swarm
     ids = repetitive_prompt(reference, seed=4)
@@ -232,11 +259,16 @@ def test_failover_replays_truncated_history(remote: DistributedModel, reference,
     monkeypatch.setattr(speculative_mod, "truncate_session", counting_truncate)
     with remote.inference_session(max_length=128) as session:
         killer = KillAfterTruncation(session)
-        out = remote.generate(ids, max_new_tokens=48, session=session, streamer=killer,
-                              speculative="prompt_lookup", num_draft_tokens=3)
+        out = remote.generate(
+            ids,
+            max_new_tokens=48,
+            session=session,
+            streamer=killer,
+            speculative="prompt_lookup",
+            num_draft_tokens=3,
+        )
         assert killer.victim is not None, "no truncation happened before token 12"
         assert session.stats.failovers >= 1
         assert killer.victim.peer_id not in {h.peer_id for h in session.hops}
         print(f"truncations={len(truncations)} failovers={session.stats.failovers} stats={remote.last_stats}")
     assert torch.equal(out, expected)
-
