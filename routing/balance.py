@@ -104,19 +104,13 @@ def plan_move(
     if target == current:
         return None
     for layer in range(current.start, current.end):
-        if layer not in target and others_online[layer] <= 0:
+        if not target.start <= layer < target.end and others_online[layer] <= 0:
             return None  # leaving would uncover this layer
-    touched = range(min(current.start, target.start), max(current.end, target.end))
-    before = min(
-        others[layer] + (my_throughput if layer in current else 0.0)
-        for layer in touched
-        if layer in current or layer in target
-    )
-    after = min(
-        others[layer] + (my_throughput if layer in target else 0.0)
-        for layer in touched
-        if layer in current or layer in target
-    )
+    mine = set(range(current.start, current.end))
+    theirs = set(range(target.start, target.end))
+    touched = mine | theirs  # only these layers change; far-apart ranges stay O(k)
+    before = min(others[layer] + (my_throughput if layer in mine else 0.0) for layer in touched)
+    after = min(others[layer] + (my_throughput if layer in theirs else 0.0) for layer in touched)
     return target if before < quality * after else None
 
 
