@@ -146,17 +146,28 @@ class ModelDrafter:
 
 
 class AdaptiveK:
-    """How many tokens to draft: +2 after a fully accepted draft, -1 after a rejection.
+    """How many tokens to draft, and whether sending a draft is worth it at all.
 
-    Growing fast pays off on copied spans (many tokens per round trip); shrinking slowly to 1
-    keeps a wrong guess cheap (one extra row per step) without giving up after one miss.
-    A fixed `k` (adaptive=False) never changes.
+    k: +2 after a fully accepted draft, -1 after a rejection. Growing fast pays off on copied
+    spans (many tokens per round trip); shrinking slowly to 1 keeps a wrong guess cheap without
+    giving up after one miss.
+
+    The gate: a draft whose first token is rejected gains nothing and costs a `truncate` round
+    trip on top of the step, while an accepted one saves a whole step. So a draft is sent only
+    while  P(first token accepted) * step_time > P(rejected) * truncate_time,  with both times
+    measured and P an moving average over recent drafts. Drafts that were not sent still
+    update P (was the first drafted token the one the model produced?), so the gate reopens as
+    soon as the drafter starts guessing right, without paying for exploration.
+    A fixed `k` (adaptive=False) never changes and always sends.
     """
 
     def __init__(self, initial: int = 4, minimum: int = 1, maximum: int = 16, adaptive: bool = True) -> None:
         if not 1 <= minimum <= initial <= maximum:
             raise ValueError(f"need 1 <= minimum <= initial <= maximum, got {minimum}, {initial}, {maximum}")
         self.k, self.minimum, self.maximum, self.adaptive = initial, minimum, maximum, adaptive
+        self.hit_rate = 0.5  # P(first drafted token accepted); optimistic start: try drafting
+        self.step_time = 0.0  # seconds; moving averages, 0 until measured
+        self.truncate_time = 0.0
 
     def update(self, proposed: int, accepted: int) -> None:
         if not self.adaptive or proposed == 0:
@@ -165,3 +176,21 @@ class AdaptiveK:
             self.k = min(self.maximum, self.k + 2)
         else:
             self.k = max(self.minimum, self.k - 1)
+
+    def observe(self, first_token_hit: bool) -> None:
+        self.hit_rate += 0.25 * (float(first_token_hit) - self.hit_rate)
+
+    def record_times(self, step: float | None = None, truncate: float | None = None) -> None:
+        if step is not None:
+            self.step_time = step if not self.step_time else self.step_time + 0.25 * (step - self.step_time)
+        if truncate is not None:
+            self.truncate_time = (
+                truncate
+                if not self.truncate_time
+                else self.truncate_time + 0.25 * (truncate - self.truncate_time)
+            )
+
+    def worth_sending(self) -> bool:
+        if not self.adaptive or not self.step_time or not self.truncate_time:
+            return True
+        return self.hit_rate * self.step_time > (1 - self.hit_rate) * self.truncate_time

@@ -17,6 +17,7 @@ p is the model's distribution after the same processors/warpers plain `generate`
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -195,17 +196,27 @@ def run_speculative(
         k = min(k_control.k, max_new_tokens - len(generated) - 1)
         if isinstance(drafter, ModelDrafter):
             drafter.generated = len(generated)
-        draft = drafter.propose(tokens, k) if k > 0 else Draft([])
-        draft = Draft(draft.tokens[:k], draft.probs[:k] if draft.probs is not None else None)
+        proposal = drafter.propose(tokens, k) if k > 0 else Draft([])
+        send = bool(proposal.tokens) and k_control.worth_sending()
+        draft = Draft(proposal.tokens[:k], proposal.probs[:k] if proposal.probs is not None else None)
+        if not send:
+            draft = Draft([])
         ids = feed + draft.tokens
+        started = time.perf_counter()
         hidden = session.step(model.head.embed(torch.tensor(ids, dtype=torch.long)), [len(ids)])  # (n, H)
+        if len(feed) == 1:  # a decode step; a prefill's time says nothing about the next steps
+            k_control.record_times(step=time.perf_counter() - started)
         logits = model.head.logits(hidden[len(feed) - 1 :]).float()  # (k+1, V): after pending, each draft
         new, accepted = verify(chooser, logits, draft, tokens, len(generated))
         # The peers hold everything fed; keep only what was emitted except the last token,
         # which stays pending (exactly the state plain generation leaves behind).
         keep = session.lengths[0] - len(ids) + len(feed) + len(new) - 1
         if keep < session.lengths[0]:
+            started = time.perf_counter()
             truncate_session(session, keep)
+            k_control.record_times(truncate=time.perf_counter() - started)
+        if proposal.tokens:  # a draft held back still tells whether drafting would have paid
+            k_control.observe(accepted > 0 if send else proposal.tokens[0] == new[0])
         stats.drafted += len(draft.tokens)
         stats.accepted += accepted
         k_control.update(len(draft.tokens), accepted)
