@@ -152,10 +152,11 @@ class AdaptiveK:
     spans (many tokens per round trip); shrinking slowly to 1 keeps a wrong guess cheap without
     giving up after one miss.
 
-    The gate: a draft whose first token is rejected gains nothing and costs a `truncate` round
-    trip on top of the step, while an accepted one saves a whole step. So a draft is sent only
-    while  P(first token accepted) * step_time > P(rejected) * truncate_time,  with both times
-    measured and P an moving average over recent drafts. Drafts that were not sent still
+    The gate: an accepted first draft token saves a whole single-token step; any draft makes
+    the step a multi-token one (measured slower on the peers: 2 rows cost ~1.4x one row on a
+    loaded CPU), and a rejected one adds a `truncate` round trip. So a draft is sent only while
+        P(hit) * t_single > (t_multi - t_single) + (1 - P(hit)) * t_truncate,
+    with the times measured (moving averages) and P(hit) a moving average over recent drafts. Drafts that were not sent still
     update P (was the first drafted token the one the model produced?), so the gate reopens as
     soon as the drafter starts guessing right, without paying for exploration.
     A fixed `k` (adaptive=False) never changes and always sends.
@@ -166,8 +167,7 @@ class AdaptiveK:
             raise ValueError(f"need 1 <= minimum <= initial <= maximum, got {minimum}, {initial}, {maximum}")
         self.k, self.minimum, self.maximum, self.adaptive = initial, minimum, maximum, adaptive
         self.hit_rate = 0.5  # P(first drafted token accepted); optimistic start: try drafting
-        self.step_time = 0.0  # seconds; moving averages, 0 until measured
-        self.truncate_time = 0.0
+        self.times: dict[str, float] = {}  # "single", "multi", "truncate": seconds, moving averages
 
     def update(self, proposed: int, accepted: int) -> None:
         if not self.adaptive or proposed == 0:
@@ -180,17 +180,13 @@ class AdaptiveK:
     def observe(self, first_token_hit: bool) -> None:
         self.hit_rate += 0.25 * (float(first_token_hit) - self.hit_rate)
 
-    def record_times(self, step: float | None = None, truncate: float | None = None) -> None:
-        if step is not None:
-            self.step_time = step if not self.step_time else self.step_time + 0.25 * (step - self.step_time)
-        if truncate is not None:
-            self.truncate_time = (
-                truncate
-                if not self.truncate_time
-                else self.truncate_time + 0.25 * (truncate - self.truncate_time)
-            )
+    def record_time(self, kind: str, seconds: float) -> None:
+        """kind: "single" (decode step of one token), "multi" (a verify step) or "truncate"."""
+        old = self.times.get(kind)
+        self.times[kind] = seconds if old is None else old + 0.25 * (seconds - old)
 
     def worth_sending(self) -> bool:
-        if not self.adaptive or not self.step_time or not self.truncate_time:
-            return True
-        return self.hit_rate * self.step_time > (1 - self.hit_rate) * self.truncate_time
+        if not self.adaptive or len(self.times) < 3:
+            return True  # until every cost is measured, try (the measurements need drafts sent)
+        t1, tm, tt = self.times["single"], self.times["multi"], self.times["truncate"]
+        return self.hit_rate * t1 > max(0.0, tm - t1) + (1 - self.hit_rate) * tt

@@ -205,7 +205,7 @@ def run_speculative(
         started = time.perf_counter()
         hidden = session.step(model.head.embed(torch.tensor(ids, dtype=torch.long)), [len(ids)])  # (n, H)
         if len(feed) == 1:  # a decode step; a prefill's time says nothing about the next steps
-            k_control.record_times(step=time.perf_counter() - started)
+            k_control.record_time("multi" if draft.tokens else "single", time.perf_counter() - started)
         logits = model.head.logits(hidden[len(feed) - 1 :]).float()  # (k+1, V): after pending, each draft
         new, accepted = verify(chooser, logits, draft, tokens, len(generated))
         # The peers hold everything fed; keep only what was emitted except the last token,
@@ -214,7 +214,7 @@ def run_speculative(
         if keep < session.lengths[0]:
             started = time.perf_counter()
             truncate_session(session, keep)
-            k_control.record_times(truncate=time.perf_counter() - started)
+            k_control.record_time("truncate", time.perf_counter() - started)
         if proposal.tokens:  # a draft held back still tells whether drafting would have paid
             k_control.observe(accepted > 0 if send else proposal.tokens[0] == new[0])
         stats.drafted += len(draft.tokens)
