@@ -50,7 +50,8 @@ def main() -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="layerswarm-demo-"))
     monitor = None
     started = time.perf_counter()
-    with LocalSwarm(log_dir) as swarm:
+    # One torch thread per peer: the two peers share this machine's cores instead of fighting over them.
+    with LocalSwarm(log_dir, {"OMP_NUM_THREADS": "1"}) as swarm:
         try:
             banner("starting a bootstrap DHT and two peers (layers 0:15 and 15:30) on 127.0.0.1")
             swarm.start_dht()

@@ -21,6 +21,8 @@ from swarm.messages import AUTH, AUTHORIZED, ERROR, PROTOCOL_NAME
 
 logger = logging.getLogger(__name__)
 
+LINGER_SECONDS = 2.0  # how long a refused stream stays open for its error frame to arrive
+
 
 class PeerStream:
     """Message-level view of one stream. One reader task at a time; any number of senders."""
@@ -102,7 +104,10 @@ async def open_stream(
     """
     from hivemind.p2p import PeerID  # local import: only callers that open streams need hivemind
 
-    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
+    try:
+        _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
+    except Exception as e:  # p2pd's ControlFailure (dial failed, no handler) and friends
+        raise ConnectionError(f"cannot open a stream to {peer_id}: {e}") from e
     stream = PeerStream(reader, writer, limits, remote_peer_id=peer_id)
     if swarm_key is not None:
         proof = swarm_key.stream_proof(peer_id, p2p.peer_id.to_base58())
@@ -130,6 +135,10 @@ async def require_auth(stream: PeerStream, swarm_key: SwarmKey, own_peer_id: str
     with suppress(ConnectionError):
         await stream.send_error(ProtocolError(
             "unauthorized", "this swarm is private: join it with its swarm key (--swarm-key FILE / swarm_key=FILE)"))
+        # Linger until the stranger hangs up (bounded): closing at once can drop the error frame
+        # in p2pd before it is delivered, and then the stranger sees a bare disconnect.
+        with suppress(Exception):
+            await asyncio.wait_for(stream.reader.read(), LINGER_SECONDS)
     return False
 
 

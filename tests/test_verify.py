@@ -27,7 +27,7 @@ def test_client_catches_and_routes_around_a_faulty_peer(tiny_model: Path, local_
     ids = torch.randint(3, 300, (1, 10), generator=torch.Generator().manual_seed(9))
     expected = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).generate(
         ids, max_new_tokens=10, do_sample=False)
-    config = ClientConfig(verify=1.0, step_timeout=10)
+    config = ClientConfig(verify=1.0, step_timeout=30)
     with DistributedModel.from_pretrained(tiny_model, local_swarm.initial_peers, config=config) as model:
         with model.inference_session(max_length=32) as session:
             out = model.generate(ids, max_new_tokens=10, session=session)
