@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels._triton import HAS_TRITON
+from kernels.paged_attention import decode_attention
 from shards.batch import LayoutTensors
 
 
@@ -44,6 +46,9 @@ def paged_attention(
     else:
         assert k_cache is not None and v_cache is not None and lt.slots is not None and lt.key_slots is not None
         write_kv(k, v, k_cache, v_cache, lt.slots)
+        if T == 1 and q.is_cuda and HAS_TRITON:
+            # Pure decode on GPU: Triton kernel, key_slots as a page table of page size 1 (row b = sequence b).
+            return decode_attention(q, k_cache, v_cache, lt.key_slots, lt.positions + 1, page_size=1)
         L = lt.key_slots.shape[1]
         # Head-major gather: memory is (KVH, B, L, D); the view below is (B, KVH, L, D).
         kp = k_cache.view(-1, D).index_select(0, lt.key_rows).view(KVH, B, L, D).transpose(0, 1)
