@@ -1,7 +1,9 @@
 """`HopSession`: one peer's part of an inference session, and the inputs it was sent.
 
 The inputs are kept per sequence, so when the peer dies a replacement can be rebuilt by
-replaying them as one prefill; `truncate` cuts them like the peer cuts its cache.
+replaying them as one prefill; `truncate` cuts them like the peer cuts its cache. Token ids
+sent with the steps are kept too (`token_history`), so the replay lets the replacement share
+cached prefix pages as well.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class HopSession:
         self.session_id = uuid.uuid4().hex
         self.wire_dtype = TORCH_DTYPES.get(record.dtype, torch.float32)
         self.history: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # inputs per sequence
+        # Token ids of those inputs per sequence; None once a step came without them.
+        self.token_history: list[list[int] | None] = [[] for _ in range(batch)]
         self.lengths = [0] * batch
         self.stream: PeerStream | None = None
 
@@ -57,11 +61,19 @@ class HopSession:
             raise RemoteError("bad_reply", f"expected 'opened', got {reply.get('type')!r}", True, self.peer_id)
 
     async def send_step(
-        self, hidden: torch.Tensor, new_tokens: list[int], step_id: int, chain: list[tuple[str, str]] = ()
+        self,
+        hidden: torch.Tensor,
+        new_tokens: list[int],
+        step_id: int,
+        chain: list[tuple[str, str]] = (),
+        token_ids: list[list[int]] | None = None,
     ) -> None:
+        """`token_ids` (optional, per sequence: the ids of its new positions) let the peer share prefix pages."""
         stream = self._stream()
         msg = {"type": m.STEP, "step_id": step_id, "hidden": encode_tensor(hidden.to(self.wire_dtype)),
                "new_tokens": new_tokens, "positions": list(self.lengths)}
+        if token_ids is not None:
+            msg["token_ids"] = [list(map(int, ids)) for ids in token_ids]
         if chain:
             msg["next"] = [list(hop) for hop in chain]
         await stream.send(msg)
@@ -83,11 +95,28 @@ class HopSession:
                 continue
             raise RemoteError("bad_reply", f"unexpected reply {reply.get('type')!r} to step {step_id}", True, self.peer_id)
 
-    def record_inputs(self, hidden: torch.Tensor, new_tokens: list[int]) -> None:
+    def record_inputs(
+        self, hidden: torch.Tensor, new_tokens: list[int], token_ids: list[list[int]] | None = None
+    ) -> None:
         """Remember a step's inputs (after the peer accepted it) for a future replay."""
         for seq, rows in enumerate(split_rows(hidden, new_tokens)):
             self.history[seq].append(rows)
             self.lengths[seq] += rows.shape[0]
+            known = self.token_history[seq]
+            if known is not None and token_ids is not None:
+                known.extend(int(t) for t in token_ids[seq])
+            else:
+                self.token_history[seq] = None
+
+    def history_token_ids(self) -> list[list[int]] | None:
+        """Token ids of every recorded input row (for a replay), or None if some are unknown."""
+        lengths = [sum(rows.shape[0] for rows in chunks) for chunks in self.history]
+        ids = []
+        for known, n in zip(self.token_history, lengths):
+            if known is None or len(known) < n:
+                return None
+            ids.append(known[:n])  # the rows may have been cut without the ids (speculative.cut_history)
+        return ids
 
     def history_batch(self) -> tuple[torch.Tensor, list[int]] | None:
         """All inputs so far as one ragged step, or None when nothing was sent yet."""
@@ -102,6 +131,8 @@ class HopSession:
             kept = torch.cat(self.history[seq])[:length] if self.history[seq] else None
             self.history[seq] = [kept] if kept is not None and kept.shape[0] else []
             self.lengths[seq] = min(self.lengths[seq], length)
+            if self.token_history[seq] is not None:
+                del self.token_history[seq][length:]
 
     async def close(self) -> None:
         if self.stream is None:

@@ -56,8 +56,14 @@ class InferenceSession:
         self.pending: list[list[int]] = [[] for _ in range(batch)]  # sampled, not yet sent through
 
     # -- sync facade ---------------------------------------------------------------------------
-    def step(self, hidden: torch.Tensor, new_tokens: list[int]) -> torch.Tensor:
-        """hidden (N, H), N = sum(new_tokens) -> (N, H) after all layers."""
+    def step(
+        self, hidden: torch.Tensor, new_tokens: list[int], token_ids: list[list[int]] | None = None
+    ) -> torch.Tensor:
+        """hidden (N, H), N = sum(new_tokens) -> (N, H) after all layers.
+
+        `token_ids` (optional): per sequence, the token ids of its new positions. Peers use them to
+        share the KV pages of common prefixes (a system prompt is computed once per peer).
+        """
         if self.closed:
             raise SwarmError("this inference session is closed; open a new one with model.inference_session()")
         if len(new_tokens) != self.batch:
@@ -67,8 +73,13 @@ class InferenceSession:
                 f"step would exceed the session's max_length={self.max_length}; "
                 "open the session with a larger max_length"
             )
+        if token_ids is not None:
+            token_ids = [[int(t) for t in ids] for ids in token_ids]
+            if len(token_ids) != self.batch or [len(ids) for ids in token_ids] != list(new_tokens):
+                raise ValueError(f"token_ids must list new_tokens={new_tokens} ids per sequence")
         timeout = self.swarm.config.step_timeout * (self.swarm.config.max_retries + 2) + 60
-        out = self.swarm.loop.run(self._step(hidden.to(torch.float32), new_tokens, self.push), timeout=timeout)
+        out = self.swarm.loop.run(self._step(hidden.to(torch.float32), new_tokens, self.push, token_ids),
+                                  timeout=timeout)
         self.lengths = [done + n for done, n in zip(self.lengths, new_tokens)]
         self.stats.steps += 1
         return out
@@ -76,7 +87,7 @@ class InferenceSession:
     def truncate(self, length: int) -> None:
         """Forget tokens past `length` in every sequence (rejected speculative tokens)."""
         timeout = self.swarm.config.step_timeout
-        self.swarm.loop.run(asyncio.gather(*(h.truncate(length, timeout) for h in self.hops)), timeout=timeout + 5)
+        self.swarm.loop.run(_gather(*(h.truncate(length, timeout) for h in self.hops)), timeout=timeout + 5)
         self.lengths = [min(done, length) for done in self.lengths]
 
     def close(self) -> None:
@@ -84,7 +95,7 @@ class InferenceSession:
             return
         self.closed = True  # the closed hops stay listed: they describe the route that was used
         try:
-            self.swarm.loop.run(asyncio.gather(*(h.close() for h in self.hops), return_exceptions=True), timeout=10)
+            self.swarm.loop.run(_gather(*(h.close() for h in self.hops), return_exceptions=True), timeout=10)
         except Exception:
             pass
 
@@ -106,19 +117,21 @@ class InferenceSession:
     def _timeout(self) -> float:
         return self.swarm.config.step_timeout
 
-    async def _step(self, hidden: torch.Tensor, new_tokens: list[int], push: bool) -> torch.Tensor:
+    async def _step(
+        self, hidden: torch.Tensor, new_tokens: list[int], push: bool, token_ids: list[list[int]] | None = None
+    ) -> torch.Tensor:
         if not self.hops:
             self.hops = await self._open_route()
         step_id = self._new_id()
         index, x = 0, hidden
         # Verification compares each hop's output before the next hop uses it: relay only.
         if push and not self.swarm.config.verify and len(self.hops) > 1 and self.lengths[0] > 0:
-            index, x = await self._push_step(x, new_tokens, step_id)
+            index, x = await self._push_step(x, new_tokens, step_id, token_ids)
         attempts = 0
         while index < len(self.hops):
             hop = self.hops[index]
             try:
-                await hop.send_step(x, new_tokens, step_id)
+                await hop.send_step(x, new_tokens, step_id, token_ids=token_ids)
                 y = await hop.recv_result(step_id, self._timeout)
             except Exception as e:
                 if not is_hop_failure(e):
@@ -138,7 +151,7 @@ class InferenceSession:
                         attempts += 1
                         await self._replace(index, SwarmError("returned a wrong result"), attempts)
                         continue
-            hop.record_inputs(x, new_tokens)
+            hop.record_inputs(x, new_tokens, token_ids)
             x = y
             index += 1
         return x
@@ -158,11 +171,13 @@ class InferenceSession:
                 await asyncio.sleep(self.swarm.config.retry_backoff * 2 ** (attempt - 1))
         raise AssertionError("unreachable")
 
-    async def _push_step(self, x: torch.Tensor, new_tokens: list[int], step_id: int) -> tuple[int, torch.Tensor]:
+    async def _push_step(
+        self, x: torch.Tensor, new_tokens: list[int], step_id: int, token_ids: list[list[int]] | None = None
+    ) -> tuple[int, torch.Tensor]:
         """Send once; each hop pushes to the next. Returns (first hop that did not answer, its input)."""
         chain = [(h.peer_id, h.session_id) for h in self.hops[1:]]
         try:
-            await self.hops[0].send_step(x, new_tokens, step_id, chain)
+            await self.hops[0].send_step(x, new_tokens, step_id, chain, token_ids)
         except Exception as e:
             if not is_hop_failure(e):
                 raise
@@ -175,7 +190,7 @@ class InferenceSession:
                     raise self._user_error(hop, e) from e
                 logger.info("push through %s failed at step %d (%s); relaying from here", hop, step_id, e)
                 return index, x
-            hop.record_inputs(x, new_tokens)
+            hop.record_inputs(x, new_tokens, token_ids)
             x = y
         return len(self.hops), x
 
@@ -190,7 +205,8 @@ class InferenceSession:
         await hop.close()
         await asyncio.sleep(min(self.swarm.config.retry_backoff * 2 ** (attempt - 1), 10.0))
         try:
-            new_hops = await self._open_span(hop.layers.start, hop.layers.end, history=hop.history)
+            new_hops = await self._open_span(hop.layers.start, hop.layers.end, history=hop.history,
+                                             history_ids=hop.history_token_ids())
         except Exception as e:
             if isinstance(e, NoRouteError) or is_hop_failure(e):
                 logger.warning("rerouting layers %s failed: %s", hop.layers, e)
@@ -199,9 +215,14 @@ class InferenceSession:
         self.hops[index : index + 1] = new_hops
 
     async def _open_span(
-        self, start: int, end: int, history: list[list[torch.Tensor]] | None
+        self, start: int, end: int, history: list[list[torch.Tensor]] | None,
+        history_ids: list[list[int]] | None = None,
     ) -> list[HopSession]:
-        """Open hops covering [start, end); replay `history` (inputs of layer `start`) into them."""
+        """Open hops covering [start, end); replay `history` (inputs of layer `start`) into them.
+
+        `history_ids` (the token ids of those rows, if known) go with the replay, so the new peers
+        can attach cached prefix pages instead of recomputing them.
+        """
         route = await self.swarm.plan(start, end, fresh=history is not None)
         view = await self.swarm.view()
         hops: list[HopSession] = []
@@ -217,9 +238,9 @@ class InferenceSession:
                                        self.swarm.config.connect_timeout + self._timeout)
                 if x is not None:
                     replay_id = self._new_id()
-                    await hop.send_step(x, new_tokens, replay_id)
+                    await hop.send_step(x, new_tokens, replay_id, token_ids=history_ids)
                     y = await hop.recv_result(replay_id, self._timeout)
-                    hop.record_inputs(x, new_tokens)
+                    hop.record_inputs(x, new_tokens, history_ids)
                     x = y
         except Exception as e:
             if hops and is_hop_failure(e):
@@ -232,3 +253,8 @@ class InferenceSession:
         if isinstance(error, RemoteError):
             return SwarmError(f"peer {hop.peer_id} refused the request: {error.message} ({error.code})")
         return error
+
+
+async def _gather(*coroutines, return_exceptions: bool = False) -> list:
+    """asyncio.gather, started on the loop that runs this (gather itself binds to the caller's loop)."""
+    return await asyncio.gather(*coroutines, return_exceptions=return_exceptions)

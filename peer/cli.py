@@ -122,12 +122,15 @@ def serve(
     device: Annotated[str, typer.Option(help="cpu or cuda (cuda:N).")] = "cpu",
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     cache_tokens: Annotated[int, typer.Option(help="KV cache size in tokens, shared by all sessions.")] = 8192,
+    cache_fraction: Annotated[float, typer.Option(help="Size the KV cache to this fraction of the device's free memory after loading the weights (e.g. 0.8 on a GPU) instead of --cache-tokens. 0: use --cache-tokens.")] = 0.0,
     page_size: Annotated[int, typer.Option(help="Tokens per KV cache page.")] = 16,
     public_name: Annotated[str, typer.Option(help="A name shown on the monitor page.")] = "",
     identity: Identity = None,
     swarm_key: SwarmKeyFile = None,
     max_chunk_tokens: Annotated[int, typer.Option(help="Largest batch of tokens per forward pass; long prefills are split into chunks of this size.")] = 512,
-    batch_window: Annotated[float, typer.Option(help="Seconds to gather steps of other sessions into one batch while busy.")] = 0.002,
+    batch_window: Annotated[float, typer.Option(help="Steps of many sessions run as one batched forward pass. When fewer steps are queued than the last batch had, wait at most this many seconds for the others (0: never wait).")] = 0.002,
+    no_batching: Annotated[bool, typer.Option("--no-batching", help="Run one step per forward pass (a baseline for benchmarks).")] = False,
+    forward_priority: Annotated[int, typer.Option(help="Scheduling priority of stateless forward requests (scoring, verification); inference steps have 0 and lower runs first. Waiting work gains one level every 4 rounds it is passed over, so nothing starves.")] = 1,
     alloc_timeout: Annotated[float, typer.Option(help="Seconds a step waits for free KV pages before a 'busy' error.")] = 5.0,
     announce_ttl: Annotated[float, typer.Option(help="Seconds the DHT keeps our record without a refresh.")] = 30.0,
     max_sessions: Annotated[int, typer.Option(help="Open sessions at most, all clients together.")] = 256,
@@ -156,6 +159,8 @@ def serve(
     load_swarm_key(swarm_key)  # a bad key file is reported now, not after loading weights
     if dtype not in ("float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}: choose float32, bfloat16 or float16", param_hint="--dtype")
+    if not 0 <= cache_fraction < 1:
+        raise typer.BadParameter("must be in [0, 1)", param_hint="--cache-fraction")
     if not model.is_dir():
         raise typer.BadParameter(f"{model} is not a folder; pass a checkpoint folder", param_hint="--model")
     config = PeerConfig(
@@ -172,6 +177,9 @@ def serve(
         device=device,
         dtype=dtype,
         cache_tokens=cache_tokens,
+        cache_fraction=cache_fraction,
+        batching=not no_batching,
+        forward_priority=forward_priority,
         page_size=page_size,
         public_name=public_name,
         announce_ttl=announce_ttl,

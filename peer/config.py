@@ -34,11 +34,14 @@ class PeerConfig:
     device: str = "cpu"
     dtype: str = "float32"
     cache_tokens: int = 8192
+    cache_fraction: float = 0.0  # > 0: size the KV pool to this share of free device memory instead
     page_size: int = 16
     public_name: str = ""
     announce_ttl: float = 30.0  # a killed peer's record vanishes at most this long after its death
     batch_window: float = 0.002  # seconds to wait for more steps when the compute is busy
     max_chunk_tokens: int = 512  # prefill chunk, so a long prompt never stalls other sessions' decodes
+    batching: bool = True  # False (--no-batching): one step per forward pass, the benchmark baseline
+    forward_priority: int = 1  # scheduling priority of stateless forwards; steps have 0, lower first
     alloc_timeout: float = 5.0  # a step that finds the page pool full waits this long, then gets "busy"
     step_timeout: float = 30.0  # downstream push timeout
     num_threads: int = 0  # torch intra-op threads; 0 keeps torch's default

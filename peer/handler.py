@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from peer.prefix_cache import MAX_TOKEN_ID
 from peer.push import PushLinks
 from peer.scheduler import BatchScheduler, WorkItem
 from peer.sessions import PeerSession, SessionRegistry
@@ -40,7 +41,42 @@ class ServedModel:
     max_new_tokens_per_step: int = 8192
 
 
+class PageOutputs:
+    """Output hidden states of every KV page slot, kept in host memory: (num_pages * page_size, H).
+
+    A shared prefix page must give its output rows to every session that attaches it (the peer
+    returns outputs for ALL positions of a step), so they are stored beside the page. Cost: one
+    hidden vector per cached token, `page_size * hidden_size * dtype bytes` per page (SmolLM2 in
+    float32: 2.3 KB per token, 5% of its 30-layer KV; a one-layer shard of a 70B model stores
+    8192 * 2 bytes per token, 4x that layer's KV).
+    """
+
+    def __init__(self, num_pages: int, page_size: int, hidden_size: int, dtype: torch.dtype) -> None:
+        self.page_size = page_size
+        self.rows = torch.zeros(num_pages * page_size, hidden_size, dtype=dtype)
+
+    def _slots(self, pages: list[int], start: int, count: int) -> torch.Tensor:
+        positions = torch.arange(start, start + count)
+        return torch.tensor(pages, dtype=torch.long)[positions // self.page_size] * self.page_size + positions % self.page_size
+
+    def write(self, pages: list[int], start: int, rows: torch.Tensor) -> None:
+        """Store rows (n, H) of positions start .. start + n - 1 of a sequence with these pages."""
+        if rows.shape[0]:
+            self.rows.index_copy_(0, self._slots(pages, start, rows.shape[0]), rows.to(self.rows.dtype))
+
+    def read(self, pages: list[int]) -> torch.Tensor:
+        """All rows of these full pages, in order: (len(pages) * page_size, H)."""
+        return self.rows.index_select(0, self._slots(pages, 0, len(pages) * self.page_size))
+
+    def copy(self, src: int, dst: int) -> None:
+        ps = self.page_size
+        self.rows[dst * ps : (dst + 1) * ps] = self.rows[src * ps : (src + 1) * ps]
+
+
 class StreamHandler:
+    forward_priority = 1  # scheduling priority of stateless forwards (steps: 0); --forward-priority
+    page_outputs: PageOutputs | None = None  # set by the server; None disables prefix sharing
+
     def __init__(
         self,
         served: ServedModel,
@@ -189,7 +225,7 @@ class StreamHandler:
             raise ProtocolError("bad_field", f"new_tokens must list 1..{self.registry.limits.max_batch} sequences")
         hidden = self._hidden(msg, new_tokens)
         item = WorkItem(hidden, new_tokens, [0] * len(new_tokens), None, (layers.start, layers.end),
-                        asyncio.get_running_loop().create_future())
+                        asyncio.get_running_loop().create_future(), priority=self.forward_priority)
         output = await self.scheduler.submit(item)
         return {"type": m.RESULT, "hidden": encode_tensor(self._maybe_corrupt(output))}
 
@@ -222,11 +258,12 @@ class StreamHandler:
         if max(p + n for p, n in zip(positions, new_tokens)) > session.max_length:
             raise ProtocolError("too_long", f"step would exceed the session's max_length {session.max_length}")
         hidden = self._hidden(msg, new_tokens)
+        token_ids = parse_token_ids(msg, new_tokens)
         if session.busy:
             raise ProtocolError("out_of_order", "a step of this session is still running")
         session.busy = True
         try:
-            output = await self._compute(session, hidden, new_tokens)
+            output = await self._compute(session, hidden, new_tokens, token_ids)
         finally:
             session.busy = False
         encoded = encode_tensor(output)
@@ -235,6 +272,8 @@ class StreamHandler:
             (peer_id, next_session), rest = chain[0], chain[1:]
             pushed = {"type": m.PUSH, "session_id": next_session, "step_id": step_id, "hidden": encoded,
                       "new_tokens": new_tokens, "positions": positions, "next": [list(h) for h in rest]}
+            if token_ids is not None:
+                pushed["token_ids"] = token_ids  # the next hop can share prefix pages too
             try:
                 await self.push_links.send(session.session_id, peer_id, pushed)
             except Exception as e:  # the client replaces the downstream hop
@@ -257,21 +296,49 @@ class StreamHandler:
             await self._send_error(stream, ProtocolError("internal", str(e), retryable=True))
             return
 
-    async def _compute(self, session: PeerSession, hidden: torch.Tensor, new_tokens: list[int]) -> torch.Tensor:
-        old = await self.registry.reserve(session, new_tokens, self.alloc_timeout)
-        item = WorkItem(
-            hidden, new_tokens, old, [t.pages for t in session.tables],
-            (session.layers.start, session.layers.end), asyncio.get_running_loop().create_future(),
-        )
-        session.inflight = item.future  # closing the session cancels it (see SessionRegistry.close)
+    async def _compute(
+        self, session: PeerSession, hidden: torch.Tensor, new_tokens: list[int],
+        token_ids: list[list[int]] | None = None,
+    ) -> torch.Tensor:
+        """Reserve pages (attaching cached prefix pages), compute the uncached rows, assemble all rows.
+
+        Rows of attached shared pages come from `page_outputs` (their output hidden states were
+        stored when they were computed); only the remaining suffix of each sequence is run.
+        """
+        if self.page_outputs is None:
+            token_ids = None  # without stored outputs, a shared page's rows could not be returned
+        res = await self.registry.reserve(session, new_tokens, self.alloc_timeout, token_ids)
+        counts = [n - c for n, c in zip(new_tokens, res.cached_tokens)]  # rows to compute per sequence
+        given = torch.split(hidden, new_tokens)
         try:
-            output = await self.scheduler.submit(item)
-        except Exception:
-            await self.registry.rollback(session, old)
+            if sum(counts) > 0:
+                item = WorkItem(
+                    torch.cat([rows[c:] for rows, c in zip(given, res.cached_tokens)]), counts,
+                    [old + c for old, c in zip(res.old_lengths, res.cached_tokens)], [t.pages for t in session.tables],
+                    (session.layers.start, session.layers.end), asyncio.get_running_loop().create_future(),
+                )
+                session.inflight = item.future  # closing the session cancels it (see SessionRegistry.close)
+                output = await self.scheduler.submit(item)
+            else:  # every new token came from shared pages
+                output = hidden.new_empty((0, hidden.shape[1]))
+        except BaseException:
+            await self.registry.rollback(session, res)
             raise
         finally:
             session.inflight = None
-        return self._maybe_corrupt(output)
+        computed = torch.split(output, counts)
+        if self.registry.sessions.get(session.session_id) is not session:
+            raise ProtocolError("no_session", "the session was closed during the step")
+        parts = []
+        for i, (rows, shared) in enumerate(zip(computed, res.shared_pages)):
+            if shared:
+                parts.append(self.page_outputs.read(shared))
+            if token_ids is not None and session.token_ids[i] is not None:
+                # Keep the outputs of every position: a page registered later returns them to others.
+                self.page_outputs.write(session.tables[i].pages, res.old_lengths[i] + res.cached_tokens[i], rows)
+            parts.append(rows)
+        self.registry.commit(session, token_ids)
+        return self._maybe_corrupt(torch.cat(parts))
 
     def _maybe_corrupt(self, output: torch.Tensor) -> torch.Tensor:
         # TEST ONLY (`--faulty`): a lying peer, so client verification can be exercised.
@@ -279,6 +346,21 @@ class StreamHandler:
             return output + self.faulty * torch.randn_like(output)
         return output
 
+
+
+def parse_token_ids(msg: dict[str, Any], new_tokens: list[int]) -> list[list[int]] | None:
+    """The optional `token_ids` field: per sequence, the token ids of its new positions."""
+    value = msg.get("token_ids")
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != len(new_tokens):
+        raise ProtocolError("bad_field", f"field 'token_ids' must be a list of {len(new_tokens)} lists of ints")
+    for i, (ids, n) in enumerate(zip(value, new_tokens)):
+        if not isinstance(ids, list) or len(ids) != n:
+            raise ProtocolError("bad_field", f"token_ids[{i}] must list {n} token ids (new_tokens[{i}])")
+        if not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in ids):
+            raise ProtocolError("bad_field", f"token_ids[{i}] must hold ints in [0, {MAX_TOKEN_ID}]")
+    return value
 
 
 MAX_CHAIN = 64  # hops a push may still travel; a route longer than this is not sensible

@@ -1,14 +1,30 @@
 """Continuous batching: steps of many sessions become one forward pass of the served layers.
 
-Handlers submit `WorkItem`s and await their futures. One asyncio task gathers whatever is queued
-(waiting `batch_window` seconds for more only while the compute thread is busy), packs the tokens
-of several sessions into one ragged `BatchLayout` and runs it on a single compute thread, so the
-event loop keeps answering the network while the model runs.
+Handlers submit `WorkItem`s and await their futures. One asyncio task packs the queued items of
+several sessions into one ragged `BatchLayout` (each sequence with its own positions and page
+table) and runs it on a single compute thread, so the event loop keeps answering the network
+while the model runs. Decode steps of N sessions become one batch of N tokens.
 
-Long prefills are cut into chunks of at most `max_chunk_tokens`, so a 2,000-token prompt never
-stalls the one-token decodes of other sessions: decodes are packed first in every round, then
-prefill chunks fill the remaining token budget, oldest first (no session starves: every queued
-item is at least partly served within a bounded number of rounds).
+Batch window: when the compute is idle and fewer items are queued than the previous batch had
+(its sessions are probably about to send their next steps), the scheduler waits until they are
+all back or until the oldest queued item has waited `batch_window` seconds, whichever is first.
+Steps that arrive while a batch runs simply join the next one. With one active session nothing
+ever waits. `batch_window=0` runs whatever is queued at once.
+
+Chunked prefill: a round packs at most `max_batch_tokens` tokens. Decodes go first, then
+prefill chunks fill the remaining budget, so a 2,000-token prompt never stalls the one-token
+decodes of other sessions; it progresses chunk by chunk.
+
+Fairness and priorities: each session has at most one step in flight (the handler refuses a
+second), so the queue holds at most one item per session: a per-session queue of depth one.
+Items are packed in order of (effective priority, decode before prefill, arrival). `priority` is
+a knob: lower runs first; inference steps use 0 and stateless `forward` requests (scoring,
+verification) use `swarm-peer serve --forward-priority` (default 1). Effective priority =
+priority - (rounds the item got no token at all) // AGING_ROUNDS, so a passed-over item climbs
+and reaches the front after a bounded number of rounds: no session starves, whatever its priority.
+One batch holds one layer sub-range (the front item's); other ranges wait their turn the same way.
+
+`enabled=False` (`swarm-peer serve --no-batching`) runs one item per forward pass: the baseline.
 """
 
 from __future__ import annotations
@@ -20,6 +36,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -30,13 +47,16 @@ logger = logging.getLogger(__name__)
 # run_batch(hidden (N, H), layout, layers (a, b), stateful) -> (N, H)
 RunBatch = Callable[[torch.Tensor, BatchLayout, tuple[int, int], bool], torch.Tensor]
 
+AGING_ROUNDS = 4  # a passed-over item gains one priority level per this many rounds
+
 
 @dataclass(eq=False)
 class WorkItem:
     """One request: the new tokens of one or more sequences through layers `layers`.
 
     `page_tables` is None for stateless forwards. `done[i]` counts how many of sequence i's
-    new tokens were already computed (chunked prefill progresses through it).
+    new tokens were already computed (chunked prefill progresses through it). A sequence may
+    bring 0 new tokens (all of them came from shared prefix pages); at least one must bring some.
     """
 
     hidden: torch.Tensor  # (N, H), sequences concatenated
@@ -45,22 +65,28 @@ class WorkItem:
     page_tables: list[list[int]] | None
     layers: tuple[int, int]
     future: asyncio.Future
-    priority: int = 0  # lower runs first; a documented knob (0 = normal)
+    priority: int = 0  # lower runs first (0: inference steps); see the module docstring
     seq: int = 0
+    arrived: float = 0.0
+    skipped: int = 0  # rounds in which this item got no token
     done: list[int] = field(default_factory=list)
     outputs: list[list[torch.Tensor]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if sum(self.new_tokens) == 0:
+            raise ValueError("a work item needs at least one new token")
         self.done = [0] * len(self.new_tokens)
         self.outputs = [[] for _ in self.new_tokens]
-        offsets = list(itertools.accumulate(self.new_tokens, initial=0))
-        self._offsets = offsets
+        self._offsets = list(itertools.accumulate(self.new_tokens, initial=0))
 
     def remaining(self) -> int:
         return sum(n - d for n, d in zip(self.new_tokens, self.done))
 
     def is_decode(self) -> bool:
-        return all(n <= 1 for n in self.new_tokens)
+        return all(n - d <= 1 for n, d in zip(self.new_tokens, self.done))
+
+    def effective_priority(self) -> int:
+        return self.priority - self.skipped // AGING_ROUNDS
 
     def slice_tokens(self, seq_index: int, count: int) -> torch.Tensor:
         start = self._offsets[seq_index] + self.done[seq_index]
@@ -96,8 +122,11 @@ class BatchScheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self._counter = itertools.count()
         self._task: asyncio.Task | None = None
+        self._expected = 1  # items in the last batch: how many to wait for (see batch window)
         self.batches_run = 0
         self.tokens_run = 0
+        self.sequences_run = 0  # sum over batches of sequences per batch
+        self.max_batch_sequences = 0
         self.busy_seconds = 0.0
 
     def start(self) -> None:
@@ -115,84 +144,122 @@ class BatchScheduler:
 
     def submit(self, item: WorkItem) -> asyncio.Future:
         item.seq = next(self._counter)
+        item.arrived = time.monotonic()
         self._queue.append(item)
         self._wakeup.set()
         return item.future
+
+    async def run_exclusive(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the compute thread between two batches (e.g. a copy-on-write page copy)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
     @property
     def queued(self) -> int:
         return len(self._queue)
 
+    def stats(self) -> dict[str, Any]:
+        return {
+            "batches_run": self.batches_run,
+            "tokens_run": self.tokens_run,
+            "sequences_run": self.sequences_run,
+            "max_batch_sequences": self.max_batch_sequences,
+            "busy_seconds": round(self.busy_seconds, 3),
+            "batching": self._enabled,
+        }
+
     async def _loop(self) -> None:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while self._queue:
-                self._queue = [it for it in self._queue if not it.future.done()]  # cancelled by callers
-                if not self._queue:
+            while self._drop_cancelled():
+                await self._gather()
+                if not self._drop_cancelled():
                     break
                 slots = self._pack()
                 await self._execute(slots)
-                if self._batch_window > 0 and self._queue:
-                    # While we computed, more steps may be on their way: a short wait lets them
-                    # join the next batch instead of each paying a forward pass of its own.
-                    await asyncio.sleep(0)
+
+    def _drop_cancelled(self) -> bool:
+        self._queue = [it for it in self._queue if not it.future.done()]  # cancelled by callers
+        return bool(self._queue)
+
+    async def _gather(self) -> None:
+        """The batch window: wait briefly for the sessions of the last batch to send their next steps."""
+        if self._batch_window <= 0 or not self._enabled:
+            return
+        deadline = min(it.arrived for it in self._queue) + self._batch_window
+        while len(self._queue) < self._expected:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
 
     def _pack(self) -> list[_Slot]:
-        """Choose what runs next: decodes first, then prefill chunks, one layer sub-range per batch."""
-        order = sorted(self._queue, key=lambda it: (it.priority, not it.is_decode(), it.seq))
+        """Choose what runs next: by effective priority, decodes first, then prefill chunks, one layer range."""
+        order = sorted(self._queue, key=lambda it: (it.effective_priority(), not it.is_decode(), it.seq))
         head = order[0]
         if head.page_tables is None:
             # Stateless: attention needs all of a sequence's tokens at once, so it runs whole, alone.
-            return [_Slot(head, i, n) for i, n in enumerate(head.new_tokens)]
-        budget = self._max_batch_tokens
-        slots: list[_Slot] = []
-        for item in order:
-            if item.layers != head.layers or item.page_tables is None:
-                continue
-            for index, (n, d) in enumerate(zip(item.new_tokens, item.done)):
-                take = min(n - d, budget)
-                if take > 0:
-                    slots.append(_Slot(item, index, take))
-                    budget -= take
-            if budget <= 0 or not self._enabled:
-                break
+            slots = [_Slot(head, i, n) for i, n in enumerate(head.new_tokens) if n > 0]
+        else:
+            budget = self._max_batch_tokens
+            slots = []
+            for item in order:
+                if item.layers != head.layers or item.page_tables is None:
+                    continue
+                for index, (n, d) in enumerate(zip(item.new_tokens, item.done)):
+                    take = min(n - d, budget)
+                    if take > 0:
+                        slots.append(_Slot(item, index, take))
+                        budget -= take
+                if budget <= 0 or not self._enabled:
+                    break
+        served = {id(s.item) for s in slots}
+        for item in self._queue:
+            if id(item) not in served:
+                item.skipped += 1
         return slots
 
     async def _execute(self, slots: list[_Slot]) -> None:
         first = slots[0].item
         stateful = first.page_tables is not None
-        hidden = torch.cat([s.item.slice_tokens(s.index, s.count) for s in slots])  # (N, H)
-        layout = BatchLayout(
-            new_tokens=[s.count for s in slots],
-            cached_tokens=[s.item.cached_tokens[s.index] + s.item.done[s.index] for s in slots]
-            if stateful
-            else [0] * len(slots),
-            page_tables=[s.item.page_tables[s.index] for s in slots] if stateful else None,
-            page_size=self._page_size,
-        )
+        items = list({id(s.item): s.item for s in slots}.values())
+        self._expected = len(items)
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        try:
-            output = await loop.run_in_executor(
+        try:  # a failing batch (even a bad layout) fails its items, never the scheduler
+            hidden = torch.cat([s.item.slice_tokens(s.index, s.count) for s in slots])  # (N, H)
+            layout = BatchLayout(
+                new_tokens=[s.count for s in slots],
+                cached_tokens=[s.item.cached_tokens[s.index] + s.item.done[s.index] for s in slots]
+                if stateful
+                else [0] * len(slots),
+                page_tables=[s.item.page_tables[s.index] for s in slots] if stateful else None,
+                page_size=self._page_size,
+            )
+            output = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._run_batch, hidden, layout, first.layers, stateful
             )
-        except Exception as e:  # a failing batch fails its items, never the scheduler
+        except Exception as e:
             logger.exception("forward pass failed")
-            for s in slots:
-                if not s.item.future.done():
-                    s.item.future.set_exception(RuntimeError(f"forward pass failed: {e}"))
-            self._queue = [it for it in self._queue if not it.future.done()]
+            for item in items:
+                if not item.future.done():
+                    item.future.set_exception(RuntimeError(f"forward pass failed: {e}"))
+            self._drop_cancelled()
             return
         self.busy_seconds += time.perf_counter() - started
         self.batches_run += 1
         self.tokens_run += hidden.shape[0]
+        self.sequences_run += len(slots)
+        self.max_batch_sequences = max(self.max_batch_sequences, len(slots))
         offset = 0
         for s in slots:
             s.item.outputs[s.index].append(output[offset : offset + s.count])
             s.item.done[s.index] += s.count
             offset += s.count
-        for item in {id(s.item): s.item for s in slots}.values():
+        for item in items:
             if item.remaining() == 0 and not item.future.done():
                 item.future.set_result(torch.cat([torch.cat(parts) for parts in item.outputs if parts]))
-        self._queue = [it for it in self._queue if not it.future.done()]
+        self._drop_cancelled()

@@ -16,13 +16,15 @@ import torch
 
 from peer.balancer import balance_loop, choose_initial_layers
 from peer.config import PeerConfig
-from peer.handler import ServedModel, StreamHandler
+from peer.handler import PageOutputs, ServedModel, StreamHandler
+from peer.memory import available_bytes
 from peer.push import PushLinks
 from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
 from peer.throughput import measure_throughput
 from shards.batch import BatchLayout
 from shards.config import ModelConfig
+from shards.kv_cache import KVCache
 from shards.paging import PagePool
 from shards.shard import Shard
 from swarm.auth import SwarmKey
@@ -76,12 +78,14 @@ class PeerServer:
         if self.layers is None:
             self.layers = await choose_initial_layers(self)
         self.shard = await self._load(self.layers)
-        self.pool = PagePool(cfg.num_pages, cfg.page_size)
-        self.cache = self.shard.new_cache(cfg.num_pages, cfg.page_size)
-        self.registry = SessionRegistry(self.pool, cfg.limits)
+        self.num_pages = self._pool_pages()
+        self.pool = PagePool(self.num_pages, cfg.page_size)
+        self.cache = self.shard.new_cache(self.num_pages, cfg.page_size)
+        self.registry = SessionRegistry(self.pool, cfg.limits, self._copy_page)
+        self.registry.fingerprint = self.shard.fingerprint
         self.scheduler = BatchScheduler(
             self._run_batch, page_size=cfg.page_size, max_batch_tokens=cfg.max_chunk_tokens,
-            batch_window=cfg.batch_window,
+            batch_window=cfg.batch_window, enabled=cfg.batching,
         )
         self.scheduler.start()
         self.limits = Limits(cfg.limits.max_frame_bytes, cfg.limits.max_tensor_elements)
@@ -91,6 +95,10 @@ class PeerServer:
             self.registry, self.scheduler, self.push_links, self.limits, self.info,
             cfg.alloc_timeout, lambda: self.state is not PeerState.OFFLINE and not self.moving, cfg.faulty,
             self.swarm_key, self.peer_id,
+        )
+        self.handler.forward_priority = cfg.forward_priority
+        self.handler.page_outputs = PageOutputs(
+            self.num_pages, cfg.page_size, self.model_config.hidden_size, DTYPES[cfg.dtype]
         )
         await self.p2p.add_binary_stream_handler(PROTOCOL_NAME, stream_handler(self.handler.serve, self.limits))
         await self._announce()  # JOINING: visible to monitors while we measure
@@ -113,6 +121,35 @@ class PeerServer:
                                           device=cfg.device),
         )
 
+    def _pool_pages(self) -> int:
+        """KV pages: `--cache-tokens`, or `--cache-fraction` of the free device memory (after the weights).
+
+        A page costs its KV over the served layers plus its stored output rows (`PageOutputs`,
+        host memory: counted only when the cache is in host memory too).
+        """
+        cfg = self.config
+        if cfg.cache_fraction <= 0:
+            return cfg.num_pages
+        dtype = DTYPES[cfg.dtype]
+        per_token = KVCache.bytes_per_token(self.model_config, len(self.layers), dtype)
+        if not cfg.device.startswith("cuda"):
+            per_token += self.model_config.hidden_size * torch.empty((), dtype=dtype).element_size()
+        pages = int(available_bytes(cfg.device) * cfg.cache_fraction) // (per_token * cfg.page_size)
+        logger.info("KV pool: %d pages of %d tokens (%.2f of free %s memory)", pages, cfg.page_size,
+                    cfg.cache_fraction, cfg.device)
+        return max(1, pages)
+
+    async def _copy_page(self, src: int, dst: int) -> None:
+        """Copy-on-write of a shared page: its KV (every layer) and stored outputs, between batches."""
+
+        def copy() -> None:
+            for k, v in zip(self.cache.k, self.cache.v):
+                k[dst].copy_(k[src])
+                v[dst].copy_(v[src])
+            self.handler.page_outputs.copy(src, dst)
+
+        await self.scheduler.run_exclusive(copy)
+
     async def _measure(self) -> None:
         self.throughput = await asyncio.get_running_loop().run_in_executor(
             None, lambda: measure_throughput(self.shard, page_size=self.config.page_size)
@@ -128,10 +165,11 @@ class PeerServer:
         """
         logger.info("moving from layers %s to %s", self.layers, target)
         shard = await self._load(target)
-        cache = shard.new_cache(self.config.num_pages, self.config.page_size)
+        cache = shard.new_cache(self.num_pages, self.config.page_size)
         old, self.moving = self.layers, True
         await self.handler.fail_all("wrong_layers", f"peer moved from layers {old} to {target}; fail over")
         self.shard, self.cache, self.layers = shard, cache, target
+        self.registry.fingerprint = shard.fingerprint  # prefix hashes of the old layers never match again
         self.handler.served.layers = target
         self.moving = False
         self.migrations += 1
@@ -164,9 +202,8 @@ class PeerServer:
             "stats": {
                 "sessions": len(self.registry.sessions),
                 "queued_steps": self.scheduler.queued,
-                "batches_run": self.scheduler.batches_run,
-                "tokens_run": self.scheduler.tokens_run,
-                "busy_seconds": round(self.scheduler.busy_seconds, 3),
+                **self.scheduler.stats(),  # batches_run, tokens_run, sequences_run, busy_seconds, ...
+                **self.registry.stats(),  # free / evictable / used pages, prefix hits
                 "pushes": self.push_links.pushes,
                 "uptime": round(time.time() - self.started, 1),
                 "migrations": self.migrations,

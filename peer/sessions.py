@@ -4,6 +4,12 @@ Refusals are `ProtocolError`s whose code and message go into the error frame.
 The registry enforces the session limits and is the only code that allocates or frees pages,
 so "the pool returns to empty when all sessions end" has one place to hold true. Everything
 here runs on the event loop thread; the compute thread only reads page ids from layouts.
+
+Admission: pages are taken as sequences grow (`reserve`). When the pool is short, the step
+waits up to `alloc_timeout` for pages to be freed, then gets a retryable `busy` error (the
+client routes elsewhere); nothing changes for any session on failure. Prefix sharing (see
+`peer/prefix_cache.py`): steps that carry token ids attach already-cached full pages instead of
+computing them, and register the full pages they compute.
 """
 
 from __future__ import annotations
@@ -11,12 +17,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from peer.config import ServingLimits
+from peer.prefix_cache import PrefixCache, chain_hashes, root_hash
 from shards.paging import PagePool, PageTable
 from swarm.errors import ProtocolError
 from swarm.types import LayerRange
+
+# copy_page(src, dst): copy a page's KV (all layers) and cached outputs into a private page.
+CopyPage = Callable[[int, int], Awaitable[None]]
 
 
 @dataclass(eq=False)
@@ -26,23 +37,45 @@ class PeerSession:
     layers: LayerRange
     max_length: int
     tables: list[PageTable]
+    namespace: str = ""  # layer range + weights fingerprint: what a prefix hash is relative to
     last_active: float = field(default_factory=time.monotonic)
     busy: bool = False  # a step is in flight; a session's steps are strictly sequential
     inflight: asyncio.Future | None = None  # the queued forward pass of that step
+    # Per sequence: every token id so far (None once a step came without token ids: no sharing),
+    # and the chained hash of each full page.
+    token_ids: list[list[int] | None] = field(default_factory=list)
+    hashes: list[list[bytes]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.token_ids = [[] for _ in self.tables]
+        self.hashes = [[] for _ in self.tables]
 
     @property
     def lengths(self) -> list[int]:
         return [t.length for t in self.tables]
 
 
+@dataclass
+class Reservation:
+    """What `reserve` did: lengths before, and per sequence the leading new tokens served from cache."""
+
+    old_lengths: list[int]
+    cached_tokens: list[int]  # per sequence: new tokens covered by attached shared pages
+    shared_pages: list[list[int]]  # per sequence: those pages, in order
+
+
 class SessionRegistry:
-    def __init__(self, pool: PagePool, limits: ServingLimits) -> None:
+    def __init__(self, pool: PagePool, limits: ServingLimits, copy_page: CopyPage | None = None) -> None:
         self.pool = pool
         self.limits = limits
+        self.prefix = PrefixCache(pool)
+        self.copy_page = copy_page
+        self.fingerprint = ""  # of the served weights; set by the server (and after a move)
         self.sessions: dict[str, PeerSession] = {}
         self._per_remote: Counter[str] = Counter()
         self._pages_freed = asyncio.Condition()
         self.counters: Counter[str] = Counter()  # refusals by reason, exported as metrics
+        self.prefix_tokens = 0  # new tokens served from shared pages instead of computed
 
     def open(
         self,
@@ -71,7 +104,8 @@ class SessionRegistry:
             raise ProtocolError(
                 "too_many_sessions", f"at most {self.limits.max_sessions_per_remote} sessions per client", True
             )
-        session = PeerSession(session_id, remote, layers, max_length, [PageTable() for _ in range(batch)])
+        session = PeerSession(session_id, remote, layers, max_length, [PageTable() for _ in range(batch)],
+                              namespace=f"{self.fingerprint}|{layers.start}:{layers.end}")
         self.sessions[session_id] = session
         self._per_remote[remote] += 1
         return session
@@ -82,18 +116,44 @@ class SessionRegistry:
             raise ProtocolError("no_session", f"no open session {session_id!r} on this peer")
         return session
 
-    async def reserve(self, session: PeerSession, new_tokens: list[int], timeout: float) -> list[int]:
+    def _shareable(self, session: PeerSession, token_ids: list[list[int]] | None) -> list[list[int]]:
+        """Per sequence, the cached pages this step's new tokens can attach (a run from the start)."""
+        ps = self.pool.page_size
+        hits: list[list[int]] = []
+        for i, table in enumerate(session.tables):
+            known = session.token_ids[i]
+            if token_ids is None or known is None or table.length % ps:
+                hits.append([])
+                continue
+            parent = session.hashes[i][-1] if session.hashes[i] else root_hash(session.namespace)
+            hits.append(self.prefix.lookup(chain_hashes(parent, token_ids[i], ps)))
+        return hits
+
+    async def reserve(
+        self,
+        session: PeerSession,
+        new_tokens: list[int],
+        timeout: float,
+        token_ids: list[list[int]] | None = None,
+    ) -> Reservation:
         """Grow every sequence by its `new_tokens`, waiting up to `timeout` for free pages.
 
-        All-or-nothing: on failure no table changes. Returns the previous lengths, so a step
-        whose forward pass fails can `rollback` and leave the session exactly as it was.
+        With `token_ids`, leading full pages that are cached are attached (shared) instead of
+        allocated. All-or-nothing: on failure no table changes. The `Reservation` lets a step
+        whose forward pass fails `rollback` and leave the session exactly as it was.
         """
         old = session.lengths
         targets = [t.length + n for t, n in zip(session.tables, new_tokens)]
-        needed = sum(t.pages_needed(target, self.pool.page_size) for t, target in zip(session.tables, targets))
+        ps = self.pool.page_size
         deadline = time.monotonic() + timeout
         async with self._pages_freed:
-            while self.pool.num_free < needed:
+            while True:
+                hits = self._shareable(session, token_ids)  # again after each wait: pages may be evicted
+                revived = {p for pages in hits for p in pages if self.pool.refcount(p) == 0}
+                fresh = sum(-(-target // ps) - len(t.pages) - len(h) for t, target, h in zip(session.tables, targets, hits))
+                needed = fresh + len(revived)  # attaching an evictable page takes it off the free count
+                if self.pool.num_free >= needed:
+                    break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.counters["no_pages"] += 1
@@ -107,27 +167,86 @@ class SessionRegistry:
                     await asyncio.wait_for(self._pages_freed.wait(), remaining)
                 except asyncio.TimeoutError:
                     pass
-            for table, target in zip(session.tables, targets):
+            for table, target, shared in zip(session.tables, targets, hits):
+                table.attach(self.pool, shared)
                 ok = table.reserve(self.pool, target)
                 assert ok, "pages were counted free just before"  # single-threaded: cannot race
+        cached = [len(h) * ps for h in hits]
+        self.prefix.hits += sum(len(h) for h in hits)
+        self.prefix_tokens += sum(cached)
         session.last_active = time.monotonic()
-        return old
+        return Reservation(old, cached, hits)
 
-    async def rollback(self, session: PeerSession, old_lengths: list[int]) -> None:
+    def commit(self, session: PeerSession, token_ids: list[list[int]] | None) -> None:
+        """A step succeeded: extend the token record and register the full pages it completed.
+
+        Call only after the page's KV and its output rows are stored (the handler does both).
+        """
+        ps = self.pool.page_size
+        for i, table in enumerate(session.tables):
+            known = session.token_ids[i]
+            if known is None or token_ids is None:
+                session.token_ids[i], session.hashes[i] = None, []  # no token ids: this sequence shares nothing
+                continue
+            known.extend(token_ids[i])
+            hashes = session.hashes[i]
+            start = len(hashes) * ps
+            parent = hashes[-1] if hashes else root_hash(session.namespace)
+            for k, h in enumerate(chain_hashes(parent, known[start : len(known) // ps * ps], ps), len(hashes)):
+                hashes.append(h)
+                page = table.pages[k]
+                if self.pool.refcount(page) == 1 and not self.prefix.is_registered(page):
+                    self.prefix.register(h, page)
+
+    async def rollback(self, session: PeerSession, reservation: Reservation | list[int]) -> None:
         """Undo a `reserve` whose step failed, so a failed step never leaves half-written state."""
         if self.sessions.get(session.session_id) is not session:
             return  # closed meanwhile; its pages are already free
+        old_lengths = reservation.old_lengths if isinstance(reservation, Reservation) else reservation
         for table, length in zip(session.tables, old_lengths):
-            table.truncate(self.pool, length)
+            table.truncate(self.pool, length)  # the page at `length` was partial: never shared
         await self._notify()
 
     async def truncate(self, session: PeerSession, length: int) -> None:
+        """Cut every sequence to `length`; a cut inside a shared page first takes a private copy.
+
+        Later writes go to positions >= `length`, so the page holding `length` must be private:
+        if it is registered but used only by us it is unregistered; if others use it too, its
+        content is copied into a fresh page (copy-on-write) and our reference moves there.
+        """
         for table in session.tables:
             if length > table.length:
                 raise ProtocolError("bad_field", f"cannot truncate to {length}: sequence has {table.length} tokens")
-        for table in session.tables:
+        ps = self.pool.page_size
+        for i, table in enumerate(session.tables):
+            if length % ps and length < table.length:
+                index = length // ps
+                await self._make_private(table, index)
             table.truncate(self.pool, length)
+            if session.token_ids[i] is not None:
+                session.token_ids[i] = session.token_ids[i][:length]
+            session.hashes[i] = session.hashes[i][: length // ps]
+            if length == 0:
+                session.token_ids[i] = []  # a fresh start may share again
         await self._notify()
+
+    async def _make_private(self, table: PageTable, index: int) -> None:
+        page = table.pages[index]
+        if self.pool.refcount(page) == 1:
+            self.prefix.unregister(page)  # no-op for a private page
+            return
+        copy = self.pool.allocate(1)
+        if copy is None:
+            self.counters["no_pages"] += 1
+            raise ProtocolError("busy", "KV cache full: no page for a copy-on-write truncate", retryable=True)
+        if self.copy_page is not None:
+            try:
+                await self.copy_page(page, copy[0])
+            except BaseException:
+                self.pool.free(copy)
+                raise
+        table.pages[index] = copy[0]
+        self.pool.free([page])
 
     async def close(self, session_id: str) -> None:
         session = self.sessions.pop(session_id, None)
@@ -153,6 +272,19 @@ class SessionRegistry:
         for sid in idle:
             await self.close(sid)
         return idle
+
+    def stats(self) -> dict[str, int]:
+        """Pool and prefix-cache numbers for `info`: evictable pages are free but still cached."""
+        pool = self.pool
+        return {
+            "free_pages": pool.num_free,
+            "evictable_pages": pool.num_evictable,
+            "used_pages": pool.num_pages - pool.num_free,
+            "cached_prefix_pages": len(self.prefix),
+            "prefix_hits_pages": self.prefix.hits,
+            "prefix_tokens": self.prefix_tokens,
+            "evictions": pool.evictions,
+        }
 
     async def _notify(self) -> None:
         async with self._pages_freed:
