@@ -159,7 +159,9 @@ class PageTable:
         if not 0 <= new_length <= self.length:
             raise ValueError(f"truncate({new_length}) outside [0, {self.length}]")
         keep = -(-new_length // pool.page_size)
-        pool.free(self.pages[keep:])
+        # Last page first: of a cached prefix chain, the deepest pages become least recently used
+        # and are evicted first (a chain is only looked up from its start).
+        pool.free(reversed(self.pages[keep:]))
         del self.pages[keep:]
         self.length = new_length
 
