@@ -20,7 +20,7 @@ def last_logits(model: DistributedModel, session: InferenceSession, feed: list[l
     """Send each sequence's new tokens through the swarm; logits (B, V) at each sequence's last token."""
     new_tokens = [len(f) for f in feed]
     ids = torch.tensor([t for f in feed for t in f], dtype=torch.long)  # (N,)
-    hidden = session.step(model.head.embed(ids), new_tokens)  # (N, H)
+    hidden = session.step(model.head.embed(ids), new_tokens, token_ids=feed)  # (N, H); ids let peers share prefixes
     last_rows = torch.cumsum(torch.tensor(new_tokens), 0) - 1  # (B,)
     return model.head.logits(hidden[last_rows]).float()  # (B, V)
 

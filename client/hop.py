@@ -127,6 +127,10 @@ class HopSession:
 
     async def truncate(self, length: int, timeout: float) -> None:
         await self._stream().request({"type": m.TRUNCATE, "length": length}, timeout)
+        self.cut_history(length)
+
+    def cut_history(self, length: int) -> None:
+        """Forget recorded inputs past `length` (what the peer forgot on `truncate`)."""
         for seq in range(self.batch):
             kept = torch.cat(self.history[seq])[:length] if self.history[seq] else None
             self.history[seq] = [kept] if kept is not None and kept.shape[0] else []

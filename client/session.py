@@ -87,7 +87,19 @@ class InferenceSession:
     def truncate(self, length: int) -> None:
         """Forget tokens past `length` in every sequence (rejected speculative tokens)."""
         timeout = self.swarm.config.step_timeout
-        self.swarm.loop.run(_gather(*(h.truncate(length, timeout) for h in self.hops)), timeout=timeout + 5)
+
+        async def cut_all() -> None:
+            results = await asyncio.gather(*(h.truncate(length, timeout) for h in self.hops), return_exceptions=True)
+            for hop, result in zip(self.hops, results):
+                if isinstance(result, BaseException):
+                    if not is_hop_failure(result):
+                        raise result
+                    # The peer died here: cut its inputs locally and drop it; the next step
+                    # fails over and replays the truncated history into a replacement.
+                    hop.cut_history(length)
+                    await hop.close()
+
+        self.swarm.loop.run(cut_all(), timeout=timeout + 5)
         self.lengths = [min(done, length) for done in self.lengths]
 
     def close(self) -> None:

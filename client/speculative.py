@@ -16,7 +16,6 @@ p is the model's distribution after the same processors/warpers plain `generate`
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +24,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from client.drafting import AdaptiveK, Draft, Drafter, ModelDrafter, PromptLookupDrafter
-from client.hop import HopSession
 from client.sampling import TokenChooser
-from client.session import InferenceSession, is_hop_failure
+from client.session import InferenceSession
 
 if TYPE_CHECKING:
     from client.model import DistributedModel
@@ -116,40 +114,6 @@ def verify(
     raise AssertionError("unreachable")
 
 
-def truncate_session(session: InferenceSession, length: int) -> None:
-    """Drop every token past `length` on every hop (the KV of rejected drafts).
-
-    Like `InferenceSession.truncate`, which cannot be used as it stands: it hands
-    `asyncio.gather(...)` (a future, not a coroutine) to `LoopThread.run` from the caller's
-    thread and raises TypeError. This version also survives a hop that dies right here: its
-    recorded inputs are cut locally and its stream closed, so the next step fails over and
-    replays the truncated history into a replacement.
-    """
-    timeout = session.swarm.config.step_timeout
-
-    async def cut_all() -> None:
-        results = await asyncio.gather(
-            *(h.truncate(length, timeout) for h in session.hops), return_exceptions=True
-        )
-        for hop, result in zip(session.hops, results):
-            if isinstance(result, BaseException):
-                if not is_hop_failure(result):
-                    raise result
-                cut_history(hop, length)
-                await hop.close()  # the next step notices and replaces this hop
-
-    session.swarm.loop.run(cut_all(), timeout=timeout + 5)
-    session.lengths = [min(done, length) for done in session.lengths]
-
-
-def cut_history(hop: HopSession, length: int) -> None:
-    """What `HopSession.truncate` does to the recorded inputs once the peer has answered."""
-    for seq in range(hop.batch):
-        kept = torch.cat(hop.history[seq])[:length] if hop.history[seq] else None
-        hop.history[seq] = [kept] if kept is not None and kept.shape[0] else []
-        hop.lengths[seq] = min(hop.lengths[seq], length)
-
-
 def make_drafter(model: DistributedModel, speculative: Any, chooser: TokenChooser) -> tuple[Drafter, str]:
     """`"prompt_lookup"`, a draft checkpoint folder, or any object with `propose(tokens, k)`."""
     if isinstance(speculative, str) and speculative == PROMPT_LOOKUP:
@@ -213,7 +177,7 @@ def run_speculative(
         keep = session.lengths[0] - len(ids) + len(feed) + len(new) - 1
         if keep < session.lengths[0]:
             started = time.perf_counter()
-            truncate_session(session, keep)
+            session.truncate(keep)
             k_control.record_time("truncate", time.perf_counter() - started)
         if proposal.tokens:  # a draft held back still tells whether drafting would have paid
             k_control.observe(accepted > 0 if send else proposal.tokens[0] == new[0])

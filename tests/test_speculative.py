@@ -199,7 +199,7 @@ def test_sampling_distribution_is_exact(remote: DistributedModel, reference, sma
         for _ in range(n):
             # Rewind the session to "prompt sent but its last token", so each sample reuses the
             # cached prompt instead of opening a session and prefilling again.
-            speculative_mod.truncate_session(session, len(prompt) - 1)
+            session.truncate(len(prompt) - 1)
             session.token_ids, session.pending = [list(prompt)], [[prompt[-1]]]
             out = remote.generate(
                 ids[:, :0],
@@ -250,13 +250,13 @@ def test_failover_replays_truncated_history(
         def end(self) -> None:
             pass
 
-    original = speculative_mod.truncate_session
+    original = InferenceSession.truncate
 
     def counting_truncate(session: InferenceSession, length: int) -> None:
         truncations.append(length)
         original(session, length)
 
-    monkeypatch.setattr(speculative_mod, "truncate_session", counting_truncate)
+    monkeypatch.setattr(InferenceSession, "truncate", counting_truncate)
     with remote.inference_session(max_length=128) as session:
         killer = KillAfterTruncation(session)
         out = remote.generate(
