@@ -154,6 +154,15 @@ def _cover_most_gaps(throughput: Sequence[float], k: int) -> LayerRange:
     if min(throughput) < 0:
         throughput = [max(value, 0.0) for value in throughput]  # negative means nobody too
     total = len(throughput)
+    # Fast path: the first window made only of gaps ranks first (most gaps, total 0, lowest
+    # start). Jumping from gap to gap, past any served layer, keeps this O(layers / k).
+    position = _index(throughput, 0.0, 0)
+    while 0 <= position <= total - k:
+        window = throughput[position : position + k]
+        if window.count(0.0) == k:
+            return LayerRange(position, position + k)
+        served = max(i for i, value in enumerate(window) if value != 0.0)
+        position = _index(throughput, 0.0, position + served + 1)
     candidates: set[int] = set()
     position = _index(throughput, 0.0, 0)
     while position >= 0:

@@ -142,3 +142,12 @@ def test_plan_move_never_lowers_the_bottleneck_nor_uncovers(others, s, k, mine, 
     for i in range(n):
         if before[i] > 0 and i in current and i not in target:
             assert online[i] > 0
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 0.0, 1.0, 2.0, 3.5]), min_size=1, max_size=16), st.integers(1, 6))
+def test_choose_window_matches_brute_force_ranking(throughput, k) -> None:
+    k = min(k, len(throughput))
+    windows = [throughput[s : s + k] for s in range(len(throughput) - k + 1)]
+    best = min(range(len(windows)), key=lambda s: (-windows[s].count(0.0), min(windows[s]), sum(windows[s]), s))
+    assert choose_window(throughput, k) == LayerRange(best, best + k)
