@@ -11,6 +11,7 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
+from peer.config import DTYPES
 from peer.memory import layers_that_fit
 from routing import choose_layers, should_move
 from swarm.types import LayerRange
@@ -28,7 +29,8 @@ JITTER = 0.25
 async def choose_initial_layers(server: PeerServer) -> LayerRange:
     cfg = server.config
     total = server.model_config.num_layers
-    count = cfg.num_layers or layers_that_fit(server.model_config, cfg.dtype, cfg.device, cfg.cache_tokens)
+    count = cfg.num_layers or layers_that_fit(server.model_config, DTYPES[cfg.dtype], cfg.device, cfg.cache_tokens,
+                                              cfg.quant, cfg.quant_group_size)
     view = await server.node.fetch_view_async(cfg.model_name, total)
     layers = choose_layers(view, min(count, total))
     logger.info("chose layers %s (%d of %d) where the swarm is weakest", layers, len(layers), total)

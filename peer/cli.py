@@ -121,6 +121,9 @@ def serve(
     host_maddrs: HostMaddrs = None,
     device: Annotated[str, typer.Option(help="cpu or cuda (cuda:N).")] = "cpu",
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
+    quant: Annotated[str, typer.Option(help="Weight-only quantization while loading: none, int8 (per channel) or int4 (group-wise); fits 2x / ~3.5x more layers. See --dry-run.")] = "none",
+    quant_group_size: Annotated[int, typer.Option(help="Group size of int4 quantization: 64 or 128.")] = 128,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the memory this peer needs (weights and KV cache per quantization mode, and how many layers fit) and exit.")] = False,
     cache_tokens: Annotated[int, typer.Option(help="KV cache size in tokens, shared by all sessions.")] = 8192,
     cache_fraction: Annotated[float, typer.Option(help="Size the KV cache to this fraction of the device's free memory after loading the weights (e.g. 0.8 on a GPU) instead of --cache-tokens. 0: use --cache-tokens.")] = 0.0,
     page_size: Annotated[int, typer.Option(help="Tokens per KV cache page.")] = 16,
@@ -157,6 +160,10 @@ def serve(
     if not 0 < balance_quality <= 1:
         raise typer.BadParameter("must be in (0, 1]", param_hint="--balance-quality")
     load_swarm_key(swarm_key)  # a bad key file is reported now, not after loading weights
+    if quant not in ("none", "int8", "int4"):
+        raise typer.BadParameter(f"{quant!r}: choose none, int8 or int4", param_hint="--quant")
+    if quant_group_size not in (64, 128):
+        raise typer.BadParameter("must be 64 or 128", param_hint="--quant-group-size")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}: choose float32, bfloat16 or float16", param_hint="--dtype")
     if not 0 <= cache_fraction < 1:
@@ -176,6 +183,8 @@ def serve(
         swarm_key=swarm_key,
         device=device,
         dtype=dtype,
+        quant=quant,
+        quant_group_size=quant_group_size,
         cache_tokens=cache_tokens,
         cache_fraction=cache_fraction,
         batching=not no_batching,
@@ -196,6 +205,9 @@ def serve(
             idle_timeout=idle_timeout,
         ),
     )
+    if dry_run:
+        print_plan(config)
+        return
 
     async def main(stop: asyncio.Event) -> None:
         from peer.server import PeerServer
@@ -217,6 +229,22 @@ def serve(
             await server.stop()
 
     _run_until_signal(main)
+
+
+def print_plan(config: PeerConfig) -> None:
+    """`--dry-run`: the memory plan, without loading weights or joining the swarm."""
+    from peer.config import DTYPES
+    from peer.memory import describe_plan
+    from shards.config import ModelConfig
+    from shards.errors import CheckpointError
+
+    try:
+        model_config = ModelConfig.from_pretrained(config.model_path)
+    except CheckpointError as e:
+        raise typer.BadParameter(str(e), param_hint="--model") from None
+    count = len(config.layers) if config.layers else (config.num_layers or model_config.num_layers)
+    say(describe_plan(model_config, count, DTYPES[config.dtype], config.device, config.cache_tokens,
+                      config.quant_group_size))
 
 
 def load_swarm_key(path: Path | None):

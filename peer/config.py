@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from swarm.types import LayerRange
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,8 @@ class PeerConfig:
     swarm_key: Path | None = None  # private swarm: members share this secret file
     device: str = "cpu"
     dtype: str = "float32"
+    quant: str = "none"  # weight-only quantization applied while loading: none, int8 or int4
+    quant_group_size: int = 128  # int4 group size (64 or 128)
     cache_tokens: int = 8192
     cache_fraction: float = 0.0  # > 0: size the KV pool to this share of free device memory instead
     page_size: int = 16

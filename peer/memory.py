@@ -1,4 +1,4 @@
-"""How many layers fit on this device: weights plus a reserve for the KV cache."""
+"""How many layers fit on this device, from `shards.quant.memory_plan` and the free memory."""
 
 from __future__ import annotations
 
@@ -6,24 +6,11 @@ import psutil
 import torch
 
 from shards.config import ModelConfig
+from shards.quant import memory_plan
 
-BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Keep this share of the device free for activations, the allocator's slack and the OS;
 # a peer that fills memory to the last byte dies at the first long prompt.
 HEADROOM = 0.8
-
-
-def layer_bytes(config: ModelConfig, dtype: str) -> int:
-    """Weights of one decoder layer (attention + MLP + two norms)."""
-    h, kv = config.hidden_size, config.num_kv_heads * config.head_dim
-    q = config.num_heads * config.head_dim
-    params = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size + 2 * h
-    return params * BYTES[dtype]
-
-
-def kv_bytes_per_token(config: ModelConfig, dtype: str) -> int:
-    """KV cache of one token in one layer."""
-    return 2 * config.num_kv_heads * config.head_dim * BYTES[dtype]
 
 
 def available_bytes(device: str) -> int:
@@ -33,8 +20,24 @@ def available_bytes(device: str) -> int:
     return psutil.virtual_memory().available
 
 
-def layers_that_fit(config: ModelConfig, dtype: str, device: str, cache_tokens: int) -> int:
-    """Layers whose weights and `cache_tokens` of KV cache fit in the device's free memory."""
-    per_layer = layer_bytes(config, dtype) + cache_tokens * kv_bytes_per_token(config, dtype)
-    fit = int(available_bytes(device) * HEADROOM) // per_layer
+def layers_that_fit(config: ModelConfig, dtype: torch.dtype, device: str, cache_tokens: int, quant: str,
+                    group_size: int = 128) -> int:
+    """Layers whose weights (quantized as asked) and `cache_tokens` of KV cache fit in free memory."""
+    per_layer = memory_plan(config, 1, quant, dtype, cache_tokens, group_size)["total_bytes"]
+    fit = int(available_bytes(device) * HEADROOM) // int(per_layer)
     return max(1, min(config.num_layers, fit))
+
+
+def describe_plan(config: ModelConfig, num_layers: int, dtype: torch.dtype, device: str, cache_tokens: int,
+                  group_size: int = 128) -> str:
+    """A table of the memory this peer needs per quantization mode (for `swarm-peer serve --dry-run`)."""
+    mib = 2**20
+    lines = [f"{num_layers} of {config.num_layers} layers, {cache_tokens} cache tokens, {dtype}, "
+             f"{available_bytes(device) / mib:.0f} MiB free on {device}",
+             f"{'quant':<6} {'weights MiB':>12} {'KV cache MiB':>13} {'total MiB':>10} {'layers that fit':>16}"]
+    for quant in ("none", "int8", "int4"):
+        plan = memory_plan(config, num_layers, quant, dtype, cache_tokens, group_size)
+        fit = layers_that_fit(config, dtype, device, cache_tokens, quant, group_size)
+        lines.append(f"{quant:<6} {int(plan['weight_bytes']) / mib:>12.2f} {int(plan['kv_cache_bytes']) / mib:>13.2f} "
+                     f"{int(plan['total_bytes']) / mib:>10.2f} {fit:>16}")
+    return "\n".join(lines)

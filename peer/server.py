@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 import torch
 
 from peer.balancer import balance_loop, choose_initial_layers
-from peer.config import PeerConfig
+from peer.config import DTYPES, PeerConfig
 from peer.handler import PageOutputs, ServedModel, StreamHandler
 from peer.memory import available_bytes
 from peer.push import PushLinks
@@ -26,6 +26,7 @@ from shards.batch import BatchLayout
 from shards.config import ModelConfig
 from shards.kv_cache import KVCache
 from shards.paging import PagePool
+from shards.quant import quantize_shard
 from shards.shard import Shard
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
@@ -36,7 +37,6 @@ from swarm.types import LayerRange, PeerRecord, PeerState
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def software_version() -> str:
@@ -114,12 +114,16 @@ class PeerServer:
 
     async def _load(self, layers: LayerRange) -> Shard:
         cfg = self.config
-        logger.info("loading layers %s of %s (%s, %s)", layers, cfg.model_path, cfg.dtype, cfg.device)
-        return await asyncio.get_running_loop().run_in_executor(
-            None,
-            lambda: Shard.from_pretrained(cfg.model_path, layers.start, layers.end, dtype=DTYPES[cfg.dtype],
-                                          device=cfg.device),
-        )
+        logger.info("loading layers %s of %s (%s, %s, quant %s)", layers, cfg.model_path, cfg.dtype, cfg.device,
+                    cfg.quant)
+
+        def load() -> Shard:
+            shard = Shard.from_pretrained(cfg.model_path, layers.start, layers.end, dtype=DTYPES[cfg.dtype],
+                                          device=cfg.device)
+            quantize_shard(shard, cfg.quant, cfg.quant_group_size)
+            return shard
+
+        return await asyncio.get_running_loop().run_in_executor(None, load)
 
     def _pool_pages(self) -> int:
         """KV pages: `--cache-tokens`, or `--cache-fraction` of the free device memory (after the weights).
@@ -191,7 +195,7 @@ class PeerServer:
         return PeerRecord(
             peer_id=self.peer_id, model=cfg.model_name, layers=self.layers, state=self.state,
             throughput=self.throughput, free_pages=self.pool.num_free, total_pages=self.pool.num_pages,
-            page_size=cfg.page_size, dtype=cfg.dtype, quant="none", version=software_version(),
+            page_size=cfg.page_size, dtype=cfg.dtype, quant=cfg.quant, version=software_version(),
             public_name=cfg.public_name, fingerprint=self.shard.fingerprint,
             addrs=tuple(self.visible_maddrs()), num_layers=self.model_config.num_layers, updated=time.time(),
         )
