@@ -316,6 +316,7 @@ class StreamHandler:
                     torch.cat([rows[c:] for rows, c in zip(given, res.cached_tokens)]), counts,
                     [old + c for old, c in zip(res.old_lengths, res.cached_tokens)], [t.pages for t in session.tables],
                     (session.layers.start, session.layers.end), asyncio.get_running_loop().create_future(),
+                    owner=session.session_id,
                 )
                 session.inflight = item.future  # closing the session cancels it (see SessionRegistry.close)
                 output = await self.scheduler.submit(item)

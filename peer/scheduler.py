@@ -5,11 +5,14 @@ several sessions into one ragged `BatchLayout` (each sequence with its own posit
 table) and runs it on a single compute thread, so the event loop keeps answering the network
 while the model runs. Decode steps of N sessions become one batch of N tokens.
 
-Batch window: when the compute is idle and fewer items are queued than the previous batch had
-(its sessions are probably about to send their next steps), the scheduler waits until they are
-all back or until the oldest queued item has waited `batch_window` seconds, whichever is first.
-Steps that arrive while a batch runs simply join the next one. With one active session nothing
-ever waits. `batch_window=0` runs whatever is queued at once.
+Batch window: a session that was served in one of the last two batches is *active*: it is
+probably about to send its next step. Before a batch, if some active sessions have no step
+queued, the scheduler waits for them, at most `batch_window` seconds after the last batch ended
+(or after the oldest queued step arrived, if later), then runs whatever is queued. Steps that
+arrive while a batch runs simply join the next one, so with the compute idle a step starts at
+once unless its fellow sessions are about to arrive. Without this, N sessions settle into two
+alternating half-size batches (each half arrives while the other computes). With one active
+session nothing ever waits. `batch_window=0` runs whatever is queued at once.
 
 Chunked prefill: a round packs at most `max_batch_tokens` tokens. Decodes go first, then
 prefill chunks fill the remaining budget, so a 2,000-token prompt never stalls the one-token
@@ -66,6 +69,7 @@ class WorkItem:
     layers: tuple[int, int]
     future: asyncio.Future
     priority: int = 0  # lower runs first (0: inference steps); see the module docstring
+    owner: str | None = None  # the session's id (None: stateless), for the batch window
     seq: int = 0
     arrived: float = 0.0
     skipped: int = 0  # rounds in which this item got no token
@@ -122,7 +126,8 @@ class BatchScheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self._counter = itertools.count()
         self._task: asyncio.Task | None = None
-        self._expected = 1  # items in the last batch: how many to wait for (see batch window)
+        self._served: dict[str, int] = {}  # session -> number of the last batch that served it
+        self._last_end = 0.0  # when the last batch finished
         self.batches_run = 0
         self.tokens_run = 0
         self.sequences_run = 0  # sum over batches of sequences per batch
@@ -183,11 +188,13 @@ class BatchScheduler:
         return bool(self._queue)
 
     async def _gather(self) -> None:
-        """The batch window: wait briefly for the sessions of the last batch to send their next steps."""
+        """The batch window: wait briefly for active sessions (served lately) that have no step queued."""
         if self._batch_window <= 0 or not self._enabled:
             return
-        deadline = min(it.arrived for it in self._queue) + self._batch_window
-        while len(self._queue) < self._expected:
+        recent = self.batches_run - 1
+        self._served = {k: b for k, b in self._served.items() if b >= recent}  # forget sessions gone quiet
+        deadline = max(self._last_end, min(it.arrived for it in self._queue)) + self._batch_window
+        while self._served.keys() - {it.owner for it in self._queue}:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -227,7 +234,6 @@ class BatchScheduler:
         first = slots[0].item
         stateful = first.page_tables is not None
         items = list({id(s.item): s.item for s in slots}.values())
-        self._expected = len(items)
         started = time.perf_counter()
         try:  # a failing batch (even a bad layout) fails its items, never the scheduler
             hidden = torch.cat([s.item.slice_tokens(s.index, s.count) for s in slots])  # (N, H)
@@ -243,6 +249,7 @@ class BatchScheduler:
                 self._executor, self._run_batch, hidden, layout, first.layers, stateful
             )
         except Exception as e:
+            self._last_end = time.monotonic()
             logger.exception("forward pass failed")
             for item in items:
                 if not item.future.done():
@@ -251,6 +258,10 @@ class BatchScheduler:
             return
         self.busy_seconds += time.perf_counter() - started
         self.batches_run += 1
+        self._last_end = time.monotonic()
+        for item in items:
+            if item.owner is not None:
+                self._served[item.owner] = self.batches_run
         self.tokens_run += hidden.shape[0]
         self.sequences_run += len(slots)
         self.max_batch_sequences = max(self.max_batch_sequences, len(slots))

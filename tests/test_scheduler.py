@@ -18,8 +18,9 @@ PS = 4  # page size
 
 
 def item(hidden: torch.Tensor, new: list[int], cached: list[int], tables: list[list[int]] | None,
-         priority: int = 0, layers: tuple[int, int] = (0, 1)) -> WorkItem:
-    return WorkItem(hidden, new, cached, tables, layers, asyncio.get_running_loop().create_future(), priority)
+         priority: int = 0, layers: tuple[int, int] = (0, 1), owner: str | None = None) -> WorkItem:
+    return WorkItem(hidden, new, cached, tables, layers, asyncio.get_running_loop().create_future(), priority,
+                    owner=owner)
 
 
 class Recorder:
@@ -99,8 +100,9 @@ async def test_window_gathers_steps_of_many_sessions_into_one_batch() -> None:
 
         async def session(i: int) -> None:
             for step in range(10):
-                await asyncio.sleep(0.0005 * (i % 4))  # clients answer at slightly different times
-                await scheduler.submit(item(torch.zeros(1, 2), [1], [step], [[3 * i, 3 * i + 1, 3 * i + 2]]))
+                await asyncio.sleep(0.001 * (i % 4))  # clients answer at slightly different times
+                await scheduler.submit(item(torch.zeros(1, 2), [1], [step], [[3 * i, 3 * i + 1, 3 * i + 2]],
+                                            owner=f"s{i}"))
 
         await asyncio.gather(*(session(i) for i in range(16)))
         await scheduler.stop()
@@ -108,7 +110,9 @@ async def test_window_gathers_steps_of_many_sessions_into_one_batch() -> None:
 
     gathered = await run(0.02)
     assert gathered.sequences_run == 160
-    assert gathered.batches_run <= 14, f"{gathered.batches_run} batches for 10 steps of 16 sessions"
+    # The first batch starts at once (nobody is known to be coming); the two groups it leaves
+    # merge again within a step or two and stay merged: no alternating half batches.
+    assert gathered.batches_run <= 13, f"{gathered.batches_run} batches for 10 steps of 16 sessions"
     eager = await run(0.0)
     assert eager.batches_run > gathered.batches_run
 
@@ -119,7 +123,7 @@ async def test_lone_session_does_not_wait_for_the_window() -> None:
     try:
         started = time.monotonic()
         for step in range(5):
-            await scheduler.submit(item(torch.zeros(1, 2), [1], [step], [[0, 1]]))
+            await scheduler.submit(item(torch.zeros(1, 2), [1], [step], [[0, 1]], owner="alone"))
         assert time.monotonic() - started < 0.5
     finally:
         await scheduler.stop()
