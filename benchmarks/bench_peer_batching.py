@@ -97,9 +97,10 @@ async def bench(swarm: LocalSwarm, peers: dict[str, str], sessions: list[int], s
     p2p = await node.replicate_p2p()
     rows = []
     try:
-        for mode, peer_id in peers.items():
+        for peer_id in peers.values():
             await run_sessions(p2p, peer_id, 2, 1.0, hidden)  # warm-up
-            for n in sessions:
+        for n in sessions:  # both modes back to back per row, so a change of machine load hits both
+            for mode, peer_id in peers.items():
                 row = {"mode": mode, **await run_sessions(p2p, peer_id, n, seconds, hidden)}
                 print(f"  {mode:<12} {n:>3} sessions: {row['tokens_per_s']:7.1f} tok/s "
                       f"(mean batch {row['mean_batch']:.1f})", flush=True)
