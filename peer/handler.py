@@ -19,6 +19,7 @@ import torch
 
 from peer.prefix_cache import MAX_TOKEN_ID
 from peer.push import PushLinks
+from peer.rate_limit import RateLimiter
 from peer.scheduler import BatchScheduler, WorkItem
 from peer.sessions import PeerSession, SessionRegistry
 from swarm import messages as m
@@ -29,6 +30,10 @@ from swarm.errors import ConnectionClosed, ProtocolError
 from swarm.types import LayerRange
 
 logger = logging.getLogger(__name__)
+
+# Requests that cost a forward pass, and so count against a client's steps per second. Pushes
+# are exempt: they come from peers relaying a client's step that was already counted.
+COMPUTE_REQUESTS = frozenset({m.FORWARD, m.STEP})
 
 
 @dataclass
@@ -90,6 +95,7 @@ class StreamHandler:
         faulty: float = 0.0,
         swarm_key: SwarmKey | None = None,
         own_peer_id: str = "",
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         self.served = served
         self.registry = registry
@@ -102,6 +108,7 @@ class StreamHandler:
         self.faulty = faulty
         self.swarm_key = swarm_key  # private swarm: every stream must start with `auth`
         self.own_peer_id = own_peer_id
+        self.rate_limiter = rate_limiter or RateLimiter(0)  # steps per second per client (0: unlimited)
         self.streams: dict[str, PeerStream] = {}  # session id -> the client stream its results go to
         self.errors: Counter[str] = Counter()  # error frames sent, by code (exported as metrics)
 
@@ -155,6 +162,9 @@ class StreamHandler:
         self, msg: dict[str, Any], remote: str, stream: PeerStream, owned: list[str]
     ) -> dict[str, Any] | None:
         kind = m.require_type(msg)
+        if kind in COMPUTE_REQUESTS and not self.rate_limiter.allow(remote):
+            raise ProtocolError("rate_limited", f"more than {self.rate_limiter.rate:g} steps/s from one client; "
+                                "slow down or use another peer", retryable=True)
         if kind == m.INFO:
             return {"type": m.INFO, **self.info()}
         if kind == m.FORWARD:

@@ -19,6 +19,7 @@ from peer.config import DTYPES, PeerConfig
 from peer.handler import PageOutputs, ServedModel, StreamHandler
 from peer.memory import available_bytes
 from peer.push import PushLinks
+from peer.rate_limit import RateLimiter
 from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
 from peer.throughput import measure_throughput
@@ -94,7 +95,7 @@ class PeerServer:
             ServedModel(self.layers, self.model_config.hidden_size, DTYPES[cfg.dtype]),
             self.registry, self.scheduler, self.push_links, self.limits, self.info,
             cfg.alloc_timeout, lambda: self.state is not PeerState.OFFLINE and not self.moving, cfg.faulty,
-            self.swarm_key, self.peer_id,
+            self.swarm_key, self.peer_id, RateLimiter(cfg.limits.max_steps_per_second),
         )
         self.handler.forward_priority = cfg.forward_priority
         self.handler.page_outputs = PageOutputs(

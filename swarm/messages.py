@@ -58,6 +58,7 @@ ERROR_CODES: dict[str, bool] = {
     "unauthorized": False,  # a private swarm's peer, and the stream did not start with a valid `auth`
     "too_long": False,  # the step would pass the session's max_length
     "limit": False,  # a request above one of the peer's limits (batch size, ...)
+    "rate_limited": True,  # more steps per second from this client than the peer allows
 }
 
 

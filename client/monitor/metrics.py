@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from swarm.types import PeerState
@@ -61,6 +61,11 @@ class StateCollector(Collector):
         reachable = GaugeMetricFamily(P + "peer_reachable", "1 if the peer answered the monitor's info request", labels=labels)
         # One series per possible state, value 1 for the current one (the usual enum pattern).
         state = GaugeMetricFamily(P + "peer_state", "1 for the peer's current state", labels=[*labels, "state"])
+        # What the peer refused and why (limits exceeded, bad frames, strangers), as the peer counts it.
+        refused = CounterMetricFamily(P + "peer_refused_requests", "Requests the peer answered with an error, by code",
+                                      labels=[*labels, "code"])
+        limited = CounterMetricFamily(P + "peer_limit_hits", "Requests refused by one of the peer's limits, by limit",
+                                      labels=[*labels, "limit"])
         for m in models:
             for p in m["peers"]:
                 key = [m["name"], p["peer_id"]]
@@ -75,7 +80,12 @@ class StateCollector(Collector):
                     reachable.add_metric(key, 1.0 if p["reachable"] else 0.0)
                 for s in PeerState:
                     state.add_metric([*key, s.value], 1.0 if p["state"] == s.value else 0.0)
-        yield from (info, throughput, free, total, rtt, reachable, state)
+                stats = p.get("stats") or {}
+                for family, source in ((refused, "errors"), (limited, "refusals")):
+                    for name, count in (stats.get(source) or {}).items():
+                        if isinstance(name, str) and isinstance(count, (int, float)):
+                            family.add_metric([*key, name], float(count))
+        yield from (info, throughput, free, total, rtt, reachable, state, refused, limited)
 
 
 def make_registry(get_state: Callable[[], Mapping[str, Any]]) -> CollectorRegistry:
