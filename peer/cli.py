@@ -140,7 +140,7 @@ def serve(
     max_sessions_per_remote: Annotated[int, typer.Option(help="Open sessions at most per client peer.")] = 64,
     max_length: Annotated[int, typer.Option(help="Tokens at most per sequence of a session.")] = 8192,
     idle_timeout: Annotated[float, typer.Option(help="Seconds without a step before a session is closed.")] = 300.0,
-    max_steps_per_second: Annotated[float, typer.Option(help="Steps (and forward passes) per second at most from one client, with bursts of twice that; 0: unlimited.")] = 200.0,
+    max_steps_per_second: Annotated[float, typer.Option(help="Steps (and forward passes) per second at most from one client, with bursts of twice that; 0: unlimited.")] = 2000.0,
     max_tensor_elements: Annotated[int, typer.Option(help="Elements at most in one received tensor (checked before anything is allocated).")] = 64 * 2**20,
     max_frame_mb: Annotated[int, typer.Option(help="Largest frame accepted, in MiB.")] = 256,
     num_threads: Annotated[int, typer.Option(help="Torch CPU threads (0: torch's default).")] = 0,
