@@ -245,3 +245,18 @@ def test_page_table_attach_only_at_page_boundary() -> None:
     t.reserve(pool, 3)
     with pytest.raises(ValueError, match="boundary"):
         t.attach(pool, [1])
+
+
+def test_cache_fraction_sizes_the_pool_from_free_memory(tiny_model: Path, monkeypatch) -> None:
+    import peer.server as server_module
+    from peer.config import PeerConfig
+    from peer.server import PeerServer
+    from shards.kv_cache import KVCache
+
+    server = PeerServer(PeerConfig(tiny_model, LayerRange(0, 4), "tiny", cache_fraction=0.5, page_size=PS))
+    server.layers = LayerRange(0, 4)
+    monkeypatch.setattr(server_module, "available_bytes", lambda device: 2**30)
+    per_token = KVCache.bytes_per_token(server.model_config, 4, torch.float32) + 64 * 4  # KV + stored output row
+    assert server._pool_pages() == 2**29 // (per_token * PS)
+    server.config = PeerConfig(tiny_model, LayerRange(0, 4), "tiny", cache_tokens=160, page_size=PS)
+    assert server._pool_pages() == 10

@@ -90,7 +90,7 @@ def test_sixteen_concurrent_clients_generate_what_each_generates_alone(remote, e
     after = peer_stats(remote, peer)
     batches = after["batches_run"] - before["batches_run"]
     sequences = after["sequences_run"] - before["sequences_run"]
-    assert sequences == 16 * 10  # one prefill and 9 decodes per client (the 10th token is not sent)
+    assert 16 * 5 <= sequences <= 16 * 10  # a prefill and up to 9 decodes per client (fewer after EOS)
     assert batches < sequences and after["max_batch_sequences"] > 1, (batches, sequences)
     assert after["batches_run"] < after["tokens_run"]
 
