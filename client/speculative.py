@@ -167,7 +167,7 @@ def run_speculative(
             draft = Draft([])
         ids = feed + draft.tokens
         started = time.perf_counter()
-        hidden = session.step(model.head.embed(torch.tensor(ids, dtype=torch.long)), [len(ids)])  # (n, H)
+        hidden = session.step(model.head.embed(torch.tensor(ids, dtype=torch.long)), [len(ids)], token_ids=[ids])  # (n, H)
         if len(feed) == 1:  # a decode step; a prefill's time says nothing about the next steps
             k_control.record_time("multi" if draft.tokens else "single", time.perf_counter() - started)
         logits = model.head.logits(hidden[len(feed) - 1 :]).float()  # (k+1, V): after pending, each draft
