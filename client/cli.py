@@ -26,7 +26,7 @@ def generate(
     top_p: Annotated[float, typer.Option(help="Nucleus sampling: smallest set with this much probability.")] = 0.9,
     repetition_penalty: Annotated[float, typer.Option(help="Penalty for tokens already in the text (1.0: none).")] = 1.0,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Wrap the prompt in the tokenizer's chat template when it has one.")] = True,
-    push: Annotated[bool, typer.Option("--push/--relay", help="Peers pass decode steps straight to each other (push) or through the client (relay).")] = False,
+    push: Annotated[bool, typer.Option("--push/--relay", help="Peers pass decode steps straight to each other (push) or through the client (relay).")] = True,
     log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "warning",
 ) -> None:
     """Generate text from PROMPT through the swarm, printing tokens as they arrive."""

@@ -14,7 +14,7 @@ class ClientConfig:
     connect_timeout: float = 15.0
     max_retries: int = 5  # failovers per step before giving up with an error
     retry_backoff: float = 0.5  # seconds, doubled after every failed attempt of one step
-    push: bool = False  # server-to-server push for decode steps (see benchmarks/bench_client_modes.py)
+    push: bool = True  # peers pass decode steps straight on (faster in benchmarks/bench_client_modes.py)
     view_max_age: float = 5.0  # re-read the DHT when the cached view is older than this
     verify: float = 0.0  # fraction of steps recomputed on other peers to catch wrong results
     swarm_key: str | Path | None = None  # secret file of a private swarm (swarm/auth.py)
