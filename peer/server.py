@@ -16,8 +16,9 @@ import torch
 
 from peer.balancer import balance_loop, choose_initial_layers
 from peer.config import DTYPES, PeerConfig
-from peer.handler import PageOutputs, ServedModel, StreamHandler
+from peer.handler import ServedModel, StreamHandler
 from peer.memory import available_bytes
+from peer.page_outputs import PageOutputs
 from peer.push import PushLinks
 from peer.rate_limit import RateLimiter
 from peer.scheduler import BatchScheduler

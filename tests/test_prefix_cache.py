@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from peer.config import ServingLimits
-from peer.handler import PageOutputs, ServedModel, StreamHandler, parse_token_ids
+from peer.handler import ServedModel, StreamHandler, parse_token_ids
+from peer.page_outputs import PageOutputs
 from peer.prefix_cache import PrefixCache, chain_hashes, root_hash
 from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
