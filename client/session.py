@@ -106,10 +106,13 @@ class InferenceSession:
         if self.closed:
             return
         self.closed = True  # the closed hops stay listed: they describe the route that was used
+        async def close_all() -> None:
+            await asyncio.gather(*(h.close() for h in self.hops), return_exceptions=True)
+
         try:
-            self.swarm.loop.run(_gather(*(h.close() for h in self.hops), return_exceptions=True), timeout=10)
+            self.swarm.loop.run(close_all(), timeout=10)
         except Exception:
-            pass
+            pass  # peers free a session's pages when its stream goes away anyway
 
     def __enter__(self) -> InferenceSession:
         return self
@@ -266,7 +269,3 @@ class InferenceSession:
             return SwarmError(f"peer {hop.peer_id} refused the request: {error.message} ({error.code})")
         return error
 
-
-async def _gather(*coroutines, return_exceptions: bool = False) -> list:
-    """asyncio.gather, started on the loop that runs this (gather itself binds to the caller's loop)."""
-    return await asyncio.gather(*coroutines, return_exceptions=return_exceptions)
