@@ -62,11 +62,14 @@ class SwarmProcess:
                 return line
         raise TimeoutError(f"no {prefix!r} line within {timeout} s:\n{self.log_tail()}")
 
-    def log_tail(self, n: int = 30) -> str:
+    def log_text(self) -> str:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            return self.log_path.read_text(errors="replace")
         except OSError:
-            return "(no log)"
+            return ""
+
+    def log_tail(self, n: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:]) or "(no log)"
 
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:

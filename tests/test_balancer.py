@@ -39,20 +39,27 @@ def test_peers_spread_over_layers_then_close_a_gap_while_a_client_generates(
     local_swarm.start_dht()
     fixed = local_swarm.start_peer(model_path, "0:10", "--announce-ttl", TTL)
     movers = []
-    for _ in range(3):  # started one after another, so each sees the ones before it
-        movers.append(local_swarm.start_peer(model_path, None, "--num-layers", "10", "--balance-period", PERIOD,
-                                             "--announce-ttl", TTL))
     node = SwarmNode(initial_peers=local_swarm.initial_peers, client_mode=True)
     try:
+        for _ in range(2):  # started one after another, so each sees the ones before it
+            movers.append(local_swarm.start_peer(model_path, None, "--num-layers", "10", "--balance-period", PERIOD,
+                                                 "--announce-ttl", TTL))
+        wait_until(lambda: len(served_ranges(node, name)) == 3, 20, "3 records")
+        # Three peers of 10 layers on a 30-layer model: spread over every layer (none may move:
+        # each range is the only copy, so leaving would uncover it).
+        assert set(served_ranges(node, name).values()) == {LayerRange(0, 10), LayerRange(10, 20), LayerRange(20, 30)}
+        movers.append(local_swarm.start_peer(model_path, None, "--num-layers", "10", "--balance-period", PERIOD,
+                                             "--announce-ttl", TTL))
         wait_until(lambda: len(served_ranges(node, name)) == 4, 20, "4 records")
         ranges = served_ranges(node, name)
         assert ranges[fixed.peer_id] == LayerRange(0, 10)
-        assert {ranges[m.peer_id] for m in movers[:2]} == {LayerRange(10, 20), LayerRange(20, 30)}
         assert node.fetch_view(name).uncovered_layers() == []
 
-        # Kill a peer whose range nobody else serves, while a client is generating.
-        fourth = ranges[movers[2].peer_id]
-        victim = next(m for m in movers[:2] if ranges[m.peer_id] != fourth)
+        # Kill a self-placing peer whose range nobody else serves, while a client is generating.
+        def unique(peer) -> bool:
+            return list(ranges.values()).count(ranges[peer.peer_id]) == 1
+
+        victim = next(m for m in movers if unique(m))
         gap = ranges[victim.peer_id]
         ids = torch.randint(3, 300, (1, 10), generator=torch.Generator().manual_seed(5))
         expected = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).generate(
@@ -83,5 +90,7 @@ def test_peers_spread_over_layers_then_close_a_gap_while_a_client_generates(
                    2 * float(PERIOD) * 1.25 + float(TTL) + 10, f"a peer to cover {gap}")
         assert served_ranges(node, name)[fixed.peer_id] == LayerRange(0, 10), "a fixed --layers peer moved"
         assert node.fetch_view(name).uncovered_layers() == []
+        assert any("now serving layers" in m.log_text() for m in movers if m is not victim), "nobody migrated"
+        assert "moving from" not in fixed.log_text()
     finally:
         node.shutdown()
