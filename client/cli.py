@@ -51,7 +51,7 @@ def generate(
         joined = time.perf_counter()
         out = lm.generate(
             ids, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
-            top_p=top_p, repetition_penalty=repetition_penalty, streamer=TextStreamer(tok, skip_prompt=True),
+            top_p=top_p, repetition_penalty=repetition_penalty, streamer=TextStreamer(tok, skip_prompt=True, skip_special_tokens=True),
         )
         done = time.perf_counter()
         new = out.shape[1] - ids.shape[1]
@@ -63,4 +63,4 @@ def generate(
 
 
 if __name__ == "__main__":
-    app()
+    app(prog_name="swarm-peer generate")  # reached through `swarm-peer generate` (peer/cli.py)

@@ -75,7 +75,7 @@ def main() -> int:
                 ids = ids if hasattr(ids, "shape") else ids["input_ids"]
                 t0 = time.perf_counter()
                 out = model.generate(ids, max_new_tokens=args.max_new_tokens,
-                                     streamer=TextStreamer(model.tokenizer, skip_prompt=True))
+                                     streamer=TextStreamer(model.tokenizer, skip_prompt=True, skip_special_tokens=True))
                 elapsed = time.perf_counter() - t0
                 new = out.shape[1] - ids.shape[1]
                 route = " -> ".join(f"{h.peer_id[-8:]}[{h.layers}]" for h in model.last_session.hops)
