@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -22,12 +23,11 @@ def banner(text: str) -> None:
     print(f"\033[1m==> {text}\033[0m", file=sys.stderr, flush=True)
 
 
-def start_monitor(initial_peer: str, port: int, log_dir: Path) -> subprocess.Popen | None:
-    """The monitor page, when `swarm-monitor` is installed; the demo works without it."""
-    if shutil.which("swarm-monitor") is None:
-        return None
+def start_monitor(initial_peer: str, port: int, log_dir: Path) -> subprocess.Popen:
+    """The monitor page (`swarm-monitor`), from this interpreter so no PATH lookup is needed."""
     return subprocess.Popen(
-        ["swarm-monitor", "--initial-peers", initial_peer, "--port", str(port), "--refresh", "2"],
+        [sys.executable, "-m", "client.monitor.cli", "--initial-peers", initial_peer, "--port", str(port),
+         "--refresh", "2"],
         stdout=subprocess.DEVNULL, stderr=open(log_dir / "monitor.log", "w"),  # noqa: SIM115
         stdin=subprocess.DEVNULL, start_new_session=True,
     )
@@ -39,6 +39,8 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=96, help="Tokens to generate at most.")
     parser.add_argument("--monitor-port", type=int, default=8080, help="Port of the monitor page.")
     parser.add_argument("--keep-logs", action="store_true", help="Keep the processes' logs and print where.")
+    parser.add_argument("--stay", action="store_true",
+                        help="Keep the swarm and the monitor page running after the answer, until Ctrl-C.")
     args = parser.parse_args()
 
     from client import DistributedModel
@@ -61,8 +63,7 @@ def main() -> int:
                 swarm.wait_online(peer)
                 print(f"    peer {peer.peer_id[-8:]} online", file=sys.stderr)
             monitor = start_monitor(swarm.initial_peers[0], args.monitor_port, log_dir)
-            if monitor is not None:
-                print(f"    monitor page: http://127.0.0.1:{args.monitor_port}/", file=sys.stderr)
+            print(f"    monitor page: http://127.0.0.1:{args.monitor_port}/ (while the demo runs)", file=sys.stderr)
             print(f"    swarm ready in {time.perf_counter() - started:.1f} s; bootstrap peer: "
                   f"{swarm.initial_peers[0]}", file=sys.stderr)
             banner(f"asking: {args.prompt}")
@@ -83,6 +84,9 @@ def main() -> int:
                    f"prompt of {ids.shape[1]} tokens included)")
             if route:
                 print(f"    route: {route}", file=sys.stderr)
+            if args.stay:
+                banner(f"swarm running; monitor at http://127.0.0.1:{args.monitor_port}/ ; Ctrl-C to stop")
+                threading.Event().wait()
             return 0
         except KeyboardInterrupt:
             banner("interrupted; stopping the swarm")
