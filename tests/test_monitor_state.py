@@ -186,3 +186,23 @@ def test_metrics_parse_and_carry_labels() -> None:
     assert samples[("layerswarm_monitor_peer_rtt_seconds", key)] == pytest.approx(0.01)
     assert samples[("layerswarm_monitor_peer_reachable", (("model", MODEL), ("peer", "b")))] == 0.0
     assert samples[("layerswarm_monitor_peer_state", (*key, ("state", "online")))] == 1.0
+
+
+def test_reports_of_lying_peers_reach_state_page_and_metrics() -> None:
+    probes = {p: Probe(p, True, 0.01, None, {"record": {}, "stats": {"errors": {"rate_limited": 3},
+                                                                      "refusals": {"no_pages": 1}}})
+              for p in ("a", "b")}
+    state = build_state([view(rec("a", 0, 3), rec("b", 3, 6))], probes, 1.0, 2.0, reports={MODEL: {"b": 2}})
+    peers = {p["peer_id"]: p for p in state["models"][0]["peers"]}
+    assert peers["a"]["reports"] == 0 and peers["b"]["reports"] == 2
+    assert 'data-label="Reports"><span class="bad">2</span>' in render_page(state, "n")
+    text = render_metrics(make_registry(lambda: state)).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    key = (("model", MODEL), ("peer", "b"))
+    assert samples[("layerswarm_monitor_peer_reports", key)] == 2.0
+    assert samples[("layerswarm_monitor_peer_refused_requests_total", (("code", "rate_limited"), *key))] == 3.0
+    assert samples[("layerswarm_monitor_peer_limit_hits_total", (("limit", "no_pages"), *key))] == 1.0

@@ -84,6 +84,18 @@ class Collector:
             )
         )
 
+    async def read_reports(self, model: str) -> dict[str, int]:
+        """peer id -> clients that reported it for wrong results; {} when unreadable (a detail, not health)."""
+        fetch = getattr(self.node, "fetch_reports_async", None)
+        if fetch is None:
+            return {}
+        try:
+            found = await asyncio.wait_for(fetch(model), self.dht_timeout)
+        except Exception as e:
+            logger.debug("reading reports of %s failed: %s", model, describe(e))
+            return {}
+        return {peer_id: len(entries) for peer_id, entries in found.items()}
+
     async def refresh_once(self) -> dict[str, Any]:
         try:
             views = await self.read_views()
@@ -96,7 +108,8 @@ class Collector:
         results = await asyncio.gather(*(self.probe(pid) for pid in peer_ids))
         # Forget peers that left the DHT; keep the rest so a later failed refresh still has them.
         self.probes = {p.peer_id: p for p in results}
-        self.state = build_state(views, self.probes, time.time(), self.refresh)
+        reports = {view.model: await self.read_reports(view.model) for view in views}
+        self.state = build_state(views, self.probes, time.time(), self.refresh, reports=reports)
         self.refreshes += 1
         return self.state
 

@@ -64,6 +64,8 @@ class StateCollector(Collector):
         # What the peer refused and why (limits exceeded, bad frames, strangers), as the peer counts it.
         refused = CounterMetricFamily(P + "peer_refused_requests", "Requests the peer answered with an error, by code",
                                       labels=[*labels, "code"])
+        reported = GaugeMetricFamily(P + "peer_reports", "Clients that reported the peer for returning wrong results",
+                                     labels=labels)
         limited = CounterMetricFamily(P + "peer_limit_hits", "Requests refused by one of the peer's limits, by limit",
                                       labels=[*labels, "limit"])
         for m in models:
@@ -80,12 +82,13 @@ class StateCollector(Collector):
                     reachable.add_metric(key, 1.0 if p["reachable"] else 0.0)
                 for s in PeerState:
                     state.add_metric([*key, s.value], 1.0 if p["state"] == s.value else 0.0)
+                reported.add_metric(key, float(p.get("reports", 0)))
                 stats = p.get("stats") or {}
                 for family, source in ((refused, "errors"), (limited, "refusals")):
                     for name, count in (stats.get(source) or {}).items():
                         if isinstance(name, str) and isinstance(count, (int, float)):
                             family.add_metric([*key, name], float(count))
-        yield from (info, throughput, free, total, rtt, reachable, state, refused, limited)
+        yield from (info, throughput, free, total, rtt, reachable, state, refused, limited, reported)
 
 
 def make_registry(get_state: Callable[[], Mapping[str, Any]]) -> CollectorRegistry:

@@ -101,14 +101,16 @@ def peer_row(peer: Mapping[str, Any], num_layers: int) -> str:
         ("Version", "mono", esc(peer["version"] or "—")),
         ("RTT", "num", fmt_num(peer["rtt_ms"], 1, "ms")),
         ("Reachable", "wide" if peer["reachable"] is False else "", reach_cell(peer)),
+        ("Reports", "num", f'<span class="bad">{peer["reports"]}</span>' if peer.get("reports") else "0"),
     ]
     tds = "".join(f'<td class="{cls}" data-label="{label}">{html}</td>' for label, cls, html in cells)
     row_class = "peer down" if peer["reachable"] is False else "peer"
     return f'<tr class="{row_class}" data-peer="{esc(peer["peer_id"])}">{tds}</tr>'
 
 
-HEADERS = ["Name", "Peer", "Layers", "State", "Throughput", "Free KV pages", "Dtype", "Version", "RTT", "Reachable"]
-NUMERIC = {"Throughput", "Free KV pages", "RTT"}
+HEADERS = ["Name", "Peer", "Layers", "State", "Throughput", "Free KV pages", "Dtype", "Version", "RTT", "Reachable",
+           "Reports"]
+NUMERIC = {"Throughput", "Free KV pages", "RTT", "Reports"}
 
 
 def model_card(model: Mapping[str, Any]) -> str:

@@ -64,7 +64,7 @@ def layer_ranges(flags: Iterable[bool]) -> list[list[int]]:
     return runs
 
 
-def peer_entry(record: PeerRecord, probe: Probe | None) -> dict[str, Any]:
+def peer_entry(record: PeerRecord, probe: Probe | None, reports: int = 0) -> dict[str, Any]:
     stats = probe.info.get("stats") if probe is not None and probe.info else None
     return {
         "peer_id": record.peer_id,
@@ -85,6 +85,8 @@ def peer_entry(record: PeerRecord, probe: Probe | None) -> dict[str, Any]:
         "rtt_ms": None if probe is None or probe.rtt is None else round(probe.rtt * 1000, 2),
         "error": None if probe is None else probe.error,
         "stats": dict(stats) if isinstance(stats, Mapping) else None,
+        # Clients that caught this peer returning wrong results (client verification, DHT reports).
+        "reports": reports,
     }
 
 
@@ -93,10 +95,13 @@ def counts_as_serving(peer: Mapping[str, Any]) -> bool:
     return peer["state"] == PeerState.ONLINE.value and peer["reachable"] is True
 
 
-def model_state(view: SwarmView, probes: Mapping[str, Probe]) -> dict[str, Any]:
+def model_state(
+    view: SwarmView, probes: Mapping[str, Probe], reports: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """One model's health: per-layer coverage, gaps, throughput and its peers (sorted by layers)."""
     records = [fresher_record(r, probes.get(r.peer_id)) for r in view.records.values()]
-    peers = [peer_entry(r, probes.get(r.peer_id)) for r in records]
+    reports = reports or {}
+    peers = [peer_entry(r, probes.get(r.peer_id), reports.get(r.peer_id, 0)) for r in records]
     peers.sort(key=lambda p: (p["layers"][0], p["layers"][1], p["public_name"], p["peer_id"]))
     # A peer may announce more layers than the registry knows (e.g. registry entry expired).
     n = max([view.num_layers, *(r.num_layers for r in records), *(r.layers.end for r in records)])
@@ -141,9 +146,14 @@ def build_state(
     refreshed_at: float | None,
     refresh_interval: float,
     error: str | None = None,
+    reports: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """The whole swarm as the monitor saw it at `refreshed_at` (None: nothing collected yet)."""
-    models = sorted((model_state(v, probes) for v in views), key=lambda m: m["name"])
+    """The whole swarm as the monitor saw it at `refreshed_at` (None: nothing collected yet).
+
+    `reports`: model -> peer id -> how many clients reported the peer for wrong results.
+    """
+    reports = reports or {}
+    models = sorted((model_state(v, probes, reports.get(v.model)) for v in views), key=lambda m: m["name"])
     return {
         "version": STATE_VERSION,
         "refreshed_at": refreshed_at,
