@@ -29,7 +29,6 @@ from client import DistributedModel  # noqa: E402
 from client.local_swarm import LocalSwarm  # noqa: E402
 from swarm import messages as m  # noqa: E402
 from swarm.codec import Limits, decode_message, encode_message, encode_tensor  # noqa: E402
-from swarm.connection import open_stream  # noqa: E402
 from swarm.dht import SwarmNode  # noqa: E402
 from swarm.framing import read_frame, write_frame  # noqa: E402
 
@@ -81,15 +80,7 @@ def stream_round_trips(initial_peers: list[str], rounds: int, payload: int) -> t
 
 
 def peer_busy_seconds(model: DistributedModel, peer_ids: list[str]) -> float:
-    async def total() -> float:
-        busy = 0.0
-        for peer_id in peer_ids:
-            stream = await open_stream(model.swarm.p2p, peer_id, Limits())
-            busy += (await stream.request({"type": m.INFO}, timeout=10))["stats"]["busy_seconds"]
-            await stream.close()
-        return busy
-
-    return model.loop.run(total(), timeout=30)
+    return sum(model.loop.run(model.swarm.peer_info(p), timeout=40)["stats"]["busy_seconds"] for p in peer_ids)
 
 
 def chain_latency(model_path: Path, initial_peers: list[str], name: str, steps: int, push: bool) -> dict:

@@ -23,18 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client import DistributedModel  # noqa: E402
 from client.local_swarm import LocalSwarm  # noqa: E402
-from swarm import messages as m  # noqa: E402
 
 
 def peer_state(model: DistributedModel, peer_pid: int, peer_id: str) -> dict:
-    async def info() -> dict:
-        stream = await model.swarm.open_stream(peer_id)
-        try:
-            return await stream.request({"type": m.INFO}, timeout=30)
-        finally:
-            await stream.close()
-
-    reply = model.loop.run(info(), timeout=60)
+    reply = model.loop.run(model.swarm.peer_info(peer_id), timeout=60)
     record = reply["record"]
     return {"rss_mb": psutil.Process(peer_pid).memory_info().rss / 2**20,
             "pages_used": record["total_pages"] - record["free_pages"], "sessions": reply["stats"]["sessions"]}

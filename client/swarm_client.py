@@ -13,6 +13,7 @@ from typing import Any
 from client.config import ClientConfig
 from client.loop import LoopThread
 from routing import BanList, NoRouteError, RouteCosts, plan_route
+from swarm import messages as m
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
 from swarm.connection import PeerStream, open_stream
@@ -69,6 +70,14 @@ class SwarmClient:
         """A protocol stream to `peer_id` (authenticated in a private swarm)."""
         return await open_stream(self.p2p, peer_id, self.limits, swarm_key=self.swarm_key,
                                  timeout=self.config.connect_timeout)
+
+    async def peer_info(self, peer_id: str) -> dict[str, Any]:
+        """A peer's `info` reply: its live record and its serving counters."""
+        stream = await self.open_stream(peer_id)
+        try:
+            return await stream.request({"type": m.INFO}, self.config.step_timeout)
+        finally:
+            await stream.close()
 
     async def distrust(self, peer_id: str, reason: str) -> None:
         """Never use `peer_id` again in this client, and report it on the DHT for the monitor."""

@@ -18,7 +18,6 @@ from transformers import AutoModelForCausalLM
 
 from client import ClientConfig, DistributedModel
 from client.local_swarm import LocalSwarm, SwarmProcess
-from swarm import messages as m
 
 pytestmark = [pytest.mark.slow, pytest.mark.demo_model]
 GENERATIONS = 20
@@ -65,11 +64,7 @@ class ChaosMonkey(threading.Thread):
 
 
 async def pool_state(model: DistributedModel, peer_id: str) -> tuple[int, int, int]:
-    stream = await model.swarm.open_stream(peer_id)
-    try:
-        reply = await stream.request({"type": m.INFO}, timeout=10)
-    finally:
-        await stream.close()
+    reply = await model.swarm.peer_info(peer_id)
     record, stats = reply["record"], reply["stats"]
     return record["free_pages"], record["total_pages"], stats["sessions"]
 

@@ -50,14 +50,7 @@ def remote(engine_swarm) -> Iterator[DistributedModel]:
 
 
 def peer_stats(model: DistributedModel, peer_id: str) -> dict:
-    async def fetch() -> dict:
-        stream = await model.swarm.open_stream(peer_id)
-        try:
-            return (await stream.request({"type": m.INFO}, timeout=10))["stats"]
-        finally:
-            await stream.close()
-
-    return model.swarm.loop.run(fetch(), timeout=20)
+    return model.loop.run(model.swarm.peer_info(peer_id), timeout=40)["stats"]
 
 
 def prompt(length: int, seed: int) -> torch.Tensor:
