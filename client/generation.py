@@ -16,6 +16,37 @@ if TYPE_CHECKING:
     from client.model import DistributedModel
 
 
+class StopStrings:
+    """Ends a sequence once its generated text (special tokens skipped) contains one of `strings`.
+
+    Only a tail of the tokens is decoded per step: a newly completed string lies in it, since a
+    character takes at most 4 byte-level tokens (+ a few skipped special tokens).
+    """
+
+    def __init__(self, tokenizer: Any, strings: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.strings = strings
+        self.window = 4 * max(len(s) for s in strings) + 8
+
+    @classmethod
+    def parse(cls, tokenizer: Any, stop: str | list[str] | tuple[str, ...] | None) -> StopStrings | None:
+        """`generate(stop=...)`'s argument, checked before any network traffic."""
+        if stop is None:
+            return None
+        strings = (stop,) if isinstance(stop, str) else tuple(stop)
+        if not strings:
+            return None
+        if not all(isinstance(s, str) and s for s in strings):
+            raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+        if tokenizer is None:
+            raise ValueError("stop strings need the checkpoint's tokenizer; this folder has none")
+        return cls(tokenizer, strings)
+
+    def hit(self, generated: list[int]) -> bool:
+        text = self.tokenizer.decode(generated[-self.window :], skip_special_tokens=True)
+        return any(s in text for s in self.strings)
+
+
 def last_logits(model: DistributedModel, session: InferenceSession, feed: list[list[int]]) -> torch.Tensor:
     """Send each sequence's new tokens through the swarm; logits (B, V) at each sequence's last token."""
     new_tokens = [len(f) for f in feed]
@@ -37,6 +68,7 @@ def run_generation(
     session: InferenceSession | None,
     speculative: Any = None,
     num_draft_tokens: int | None = None,
+    stop: str | list[str] | None = None,
 ) -> torch.Tensor:
     from client.model import strip_left_padding
 
@@ -45,8 +77,11 @@ def run_generation(
     batch = len(prompts)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    stopper = StopStrings.parse(model.tokenizer, stop)
     drafter, label = None, None
     if speculative is not None:
+        if stopper is not None:
+            raise ValueError("stop strings are not supported with speculative decoding")
         if batch > 1:
             raise ValueError(f"speculative decoding supports a batch of one sequence, got {batch}")
         if num_draft_tokens is not None and num_draft_tokens < 1:
@@ -93,7 +128,8 @@ def run_generation(
             for b, token in enumerate(chosen):
                 generated[b].append(token)
                 session.token_ids[b].append(token)
-                finished[b] = finished[b] or token in chooser.params.eos_token_ids
+                finished[b] = finished[b] or token in chooser.params.eos_token_ids \
+                    or (stopper is not None and stopper.hit(generated[b]))
             if streamer is not None:
                 streamer.put(torch.tensor(chosen[:1]))
             if all(finished) or step == max_new_tokens - 1:

@@ -178,6 +178,7 @@ class DistributedModel:
         generator: torch.Generator | None = None,
         speculative: str | Path | Any | None = None,
         num_draft_tokens: int | None = None,
+        stop: str | list[str] | None = None,
     ) -> torch.Tensor:
         """Like transformers' `generate`: returns (B, T + new) with the prompt (padding kept) first.
 
@@ -189,6 +190,9 @@ class DistributedModel:
         only): greedy output is identical to plain greedy, sampled output has the same
         distribution. `num_draft_tokens` fixes the draft length; None adapts it (see
         client/speculative.py). `self.last_stats` tells what the call did.
+
+        `stop` (a string or a list): a sequence ends once its new text contains one of them; the
+        tokens up to the one that completes it are returned (like transformers' `stop_strings`).
         """
         from client.generation import run_generation  # the loop lives apart from the API surface
 
@@ -210,7 +214,7 @@ class DistributedModel:
         return run_generation(
             self, input_ids, attention_mask, TokenChooser(params, generator), max_new_tokens=max_new_tokens,
             pad_token_id=int(pad), streamer=streamer, session=session,
-            speculative=speculative, num_draft_tokens=num_draft_tokens,
+            speculative=speculative, num_draft_tokens=num_draft_tokens, stop=stop,
         )
 
     def chat(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, **kwargs: Any) -> str:
