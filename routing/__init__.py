@@ -10,6 +10,8 @@ Only `swarm.types` is imported from the rest of the project.
              feed plan_route(banned=...).
 - balance.py layer_throughput, layer_servers, choose_layers, should_move (and their
              array-level forms choose_window, plan_move): which layers a peer should serve.
+- flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
+             (exact max flow on the layer graph), the optimum placement and routing aim at.
 """
 
 from routing.balance import (
@@ -23,6 +25,7 @@ from routing.balance import (
 )
 from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
 from routing.costs import RouteCosts, hop_cost
+from routing.flow import capacity_bound, max_flow_throughput
 from routing.route import NoRouteError, plan_route, route_cost
 
 __all__ = [
@@ -35,9 +38,11 @@ __all__ = [
     "RouteCosts",
     "choose_layers",
     "choose_window",
+    "capacity_bound",
     "hop_cost",
     "layer_servers",
     "layer_throughput",
+    "max_flow_throughput",
     "plan_move",
     "plan_route",
     "route_cost",

@@ -1,0 +1,109 @@
+"""The optimum to measure against: exact max flow of a placement, and of the best placement."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from benchmarks.sim_optimum import best_placement
+from routing.flow import capacity_bound, feasible, max_flow_of, max_flow_throughput
+from swarm.types import LayerRange, PeerState
+from tests.routing_helpers import rec, view
+
+
+def lp_max_flow(placement: list[tuple[LayerRange, float]], num_layers: int) -> float:
+    """The same quantity by a general LP solver (HiGHS), as an independent reference."""
+    import numpy as np
+    from scipy.optimize import linprog
+
+    n = len(placement)
+    nvar = n * num_layers + 1  # x[p][l], then F
+    a_ub, b_ub = [], []
+    for p, (_, cap) in enumerate(placement):
+        row = np.zeros(nvar)
+        row[p * num_layers : (p + 1) * num_layers] = 1
+        a_ub.append(row)
+        b_ub.append(cap)
+    for layer in range(num_layers):
+        row = np.zeros(nvar)
+        for p in range(n):
+            row[p * num_layers + layer] = -1
+        row[-1] = 1
+        a_ub.append(row)
+        b_ub.append(0.0)
+    bounds = [
+        (0, None if layers.start <= layer < layers.end else 0)
+        for layers, _ in placement
+        for layer in range(num_layers)
+    ] + [(0, None)]
+    c = np.zeros(nvar)
+    c[-1] = -1
+    res = linprog(c, A_ub=np.array(a_ub), b_ub=b_ub, bounds=bounds, method="highs")
+    assert res.status == 0
+    return -res.fun
+
+
+def random_placement(rng: random.Random, num_layers: int, peers: int) -> list[tuple[LayerRange, float]]:
+    out = []
+    for _ in range(peers):
+        k = rng.randint(1, num_layers)
+        s = rng.randint(0, num_layers - k)
+        out.append((LayerRange(s, s + k), rng.choice([0.5, 1.0, 2.0, 3.0, 7.0]) * k))
+    return out
+
+
+def test_max_flow_matches_a_general_lp_solver_on_random_placements() -> None:
+    rng = random.Random(0)
+    for _ in range(150):
+        num_layers = rng.randint(1, 7)
+        placement = random_placement(rng, num_layers, rng.randint(1, 5))
+        expected = lp_max_flow(placement, num_layers)
+        assert max_flow_of(placement, num_layers) == pytest.approx(expected, rel=1e-7, abs=1e-9)
+
+
+def test_capacity_shared_across_non_adjacent_layers_is_counted_once() -> None:
+    # One peer of capacity 2 holds 0:3 and alone serves layers 0 and 2; layer 1 has plenty.
+    # Checking each run of layers alone would allow 2 tokens/s; layers {0, 2} together share
+    # the peer, so the max flow is 1.
+    placement = [(LayerRange(0, 3), 2.0), (LayerRange(1, 2), 100.0)]
+    assert max_flow_of(placement, 3) == pytest.approx(1.0)
+    assert feasible(placement, 3, 0.999) and not feasible(placement, 3, 1.001)
+
+
+def test_flow_lies_between_the_spread_bottleneck_and_the_capacity_bound() -> None:
+    # thr 1 over 0:4 (capacity 4), thr 1 over 2:4 (capacity 2): layers 2-3 have spread throughput 2,
+    # layers 0-1 only 1; the first peer can shift capacity to 0-1 while the second covers 2-3.
+    v = view(4, rec("a", "0:4", 1.0), rec("b", "2:4", 1.0), rec("j", "0:4", 9.0, state=PeerState.JOINING))
+    flow = max_flow_throughput(v)
+    assert flow == pytest.approx(1.5)  # a gives 1.5 to layers 0,1 (3), 0.5 to 2,3 (1); b gives 1 each
+    assert capacity_bound(v) == pytest.approx(1.5)
+    assert max_flow_throughput(v, states=(PeerState.ONLINE, PeerState.JOINING)) > flow
+
+
+def test_an_uncovered_layer_means_zero_flow() -> None:
+    assert max_flow_throughput(view(5, rec("a", "0:2", 3.0), rec("b", "3:5", 3.0))) == 0.0
+    assert max_flow_of([], 3) == 0.0
+
+
+def brute_force_best(peers: list[tuple[int, float]], num_layers: int) -> float:
+    choices = [[LayerRange(s, s + k) for s in range(num_layers - k + 1)] for k, _ in peers]
+    return max(
+        max_flow_of(list(zip(windows, (c for _, c in peers))), num_layers)
+        for windows in itertools.product(*choices)
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_best_placement_equals_brute_force_on_small_swarms(seed: int) -> None:
+    rng = random.Random(seed)
+    num_layers = rng.randint(3, 6)
+    peers = [(rng.randint(1, num_layers), rng.choice([1.0, 2.0, 5.0])) for _ in range(rng.randint(2, 4))]
+    peers = [(k, k * t) for k, t in peers]
+    opt = best_placement(peers, num_layers, time_limit_s=10)
+    expected = brute_force_best(peers, num_layers)
+    assert opt.optimal
+    assert opt.best == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    assert opt.bound >= opt.best - 1e-9
+    assert max_flow_of(list(zip(opt.placement, (c for _, c in peers))), num_layers) == pytest.approx(opt.best)
