@@ -27,6 +27,25 @@ app = typer.Typer(
 )
 logger = logging.getLogger("swarm-peer")
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"layerswarm {version('layerswarm')}")
+        except PackageNotFoundError:
+            print("layerswarm (not installed: run `pip install .`)")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    show_version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                               help="Print the installed layerswarm version and exit.")] = False,
+) -> None:
+    """layerswarm peer: serve a range of a model's layers to the swarm."""
+
 InitialPeers = Annotated[
     list[str] | None,
     typer.Option("--initial-peers", help="Multiaddr of a peer already in the swarm (repeatable). None: start a new swarm."),
