@@ -23,6 +23,7 @@ OPEN = "open"
 STEP = "step"
 TRUNCATE = "truncate"
 CLOSE = "close"
+VIEW = "view"  # the records a peer sees for a model (peer/view.py); the reply has the same type
 # peer -> peer
 PUSH = "push"
 # replies
@@ -34,8 +35,8 @@ TRUNCATED = "truncated"
 CLOSED = "closed"
 ERROR = "error"
 
-REQUEST_TYPES = frozenset({INFO, FORWARD, OPEN, STEP, TRUNCATE, CLOSE, PUSH, AUTH})
-REPLY_TYPES = frozenset({INFO, RESULT, OPENED, TRUNCATED, CLOSED, ERROR, AUTHORIZED})
+REQUEST_TYPES = frozenset({INFO, FORWARD, OPEN, STEP, TRUNCATE, CLOSE, PUSH, AUTH, VIEW})
+REPLY_TYPES = frozenset({INFO, RESULT, OPENED, TRUNCATED, CLOSED, ERROR, AUTHORIZED, VIEW})
 
 # Error codes carried by `error` frames. Retryable means "the same request may succeed
 # later or elsewhere" (a client should fail over); the others mean "the request is wrong".
