@@ -10,6 +10,8 @@ Only `swarm.types` is imported from the rest of the project.
              feed plan_route(banned=...).
 - balance.py layer_throughput, layer_servers, choose_layers, should_move (and their
              array-level forms choose_window, plan_move): which layers a peer should serve.
+- spread.py  choose_route, sample_route: a busy swarm's sessions spread over parallel routes
+             in proportion to spare capacity (the fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
              (exact max flow on the layer graph), the optimum placement and routing aim at.
 """
@@ -27,6 +29,7 @@ from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
 from routing.costs import RouteCosts, hop_cost
 from routing.flow import capacity_bound, max_flow_throughput
 from routing.route import NoRouteError, plan_route, route_cost
+from routing.spread import choose_route, sample_route
 
 __all__ = [
     "BAN_BASE_S",
@@ -37,6 +40,7 @@ __all__ = [
     "NoRouteError",
     "RouteCosts",
     "choose_layers",
+    "choose_route",
     "choose_window",
     "capacity_bound",
     "hop_cost",
@@ -46,5 +50,6 @@ __all__ = [
     "plan_move",
     "plan_route",
     "route_cost",
+    "sample_route",
     "should_move",
 ]

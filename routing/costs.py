@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swarm.types import LayerRange, PeerRecord
+from swarm.types import LayerRange, PeerRecord, PeerState
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,10 @@ class RouteCosts:
     # route that avoids it, including routes through peers short of pages, so it is taken
     # only when it is the sole server of some layer.
     ban_penalty: float = 10_000.0
+    # A DRAINING peer still serves but is leaving: a session opened on it must fail over and
+    # replay its history elsewhere soon. 1000 s puts it behind any working route, even one
+    # through peers short of pages, yet ahead of a banned peer, which failed outright.
+    draining_penalty: float = 1_000.0
     # Records may announce 0 throughput before their first measurement; dividing by this
     # floor treats them as very slow (1000 s per token) instead of infinitely slow.
     min_throughput: float = 1e-3
@@ -57,6 +61,8 @@ def _fixed_cost(record: PeerRecord, rtt: float | None, costs: RouteCosts, pages_
     cost = (costs.default_rtt if rtt is None else rtt) + costs.hop_overhead
     if pages_needed > 0 and record.free_pages < pages_needed:
         cost += costs.low_pages_penalty
+    if record.state is PeerState.DRAINING:
+        cost += costs.draining_penalty
     return cost
 
 

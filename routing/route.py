@@ -17,7 +17,7 @@ import math
 from collections.abc import Collection, Mapping
 
 from routing.costs import RouteCosts, _fixed_cost, _per_layer_cost
-from swarm.types import Hop, LayerRange, PeerRecord, PeerState, Route, SwarmView
+from swarm.types import SERVING, Hop, LayerRange, PeerRecord, Route, SwarmView
 
 # Costs closer than this (seconds) count as equal, so that floating-point noise never
 # decides between two equally good routes; the tie-breakers below do, deterministically.
@@ -50,7 +50,10 @@ def plan_route(
     pages_needed: int = 0,
     exclude: Collection[str] = (),
 ) -> Route:
-    """The route over ONLINE peers covering [start, end) with the lowest estimated time per token.
+    """The route over serving peers covering [start, end) with the lowest estimated time per token.
+
+    DRAINING peers cost `costs.draining_penalty` extra: they carry new sessions only where no
+    other peer serves a layer.
 
     `banned` maps peer id -> ban level (BanList.penalties); each level adds
     `costs.ban_penalty` seconds, so banned peers are used only where nothing else serves a
@@ -67,7 +70,7 @@ def plan_route(
         (
             r
             for r in view.records.values()
-            if r.state is PeerState.ONLINE
+            if r.state in SERVING
             and r.peer_id not in excluded
             and r.layers.start < end
             and r.layers.end > start

@@ -56,6 +56,14 @@ class PeerState(str, enum.Enum):
     JOINING = "joining"
     ONLINE = "online"
     OFFLINE = "offline"
+    # Leaving on purpose: still serves its open sessions and (as a last resort) new ones,
+    # until the swarm covers its layers without it. On the wire it is state "online" plus
+    # `draining: true`, so readers that predate it keep routing to a peer that still serves.
+    DRAINING = "draining"
+
+
+# States of a peer that answers requests: they cover layers.
+SERVING = (PeerState.ONLINE, PeerState.DRAINING)
 
 
 @dataclass(frozen=True)
@@ -92,10 +100,12 @@ class PeerRecord:
             if isinstance(value, LayerRange):
                 value = [value.start, value.end]
             elif isinstance(value, PeerState):
-                value = value.value
+                value = PeerState.ONLINE.value if value is PeerState.DRAINING else value.value
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value
+        if self.state is PeerState.DRAINING:
+            out["draining"] = True
         return out
 
     @classmethod
@@ -109,6 +119,8 @@ class PeerRecord:
             layers = kwargs["layers"]
             kwargs["layers"] = LayerRange(int(layers[0]), int(layers[1]))
             kwargs["state"] = PeerState(kwargs.get("state", PeerState.ONLINE.value))
+            if data.get("draining") is True and kwargs["state"] is PeerState.ONLINE:
+                kwargs["state"] = PeerState.DRAINING
             kwargs["addrs"] = tuple(str(a) for a in kwargs.get("addrs", ()))
             for name in ("throughput", "updated"):
                 if name in kwargs:
@@ -145,8 +157,11 @@ class SwarmView:
         return [r for r in self.online() if layer in r.layers]
 
     def uncovered_layers(self) -> list[int]:
+        """Layers no ONLINE or DRAINING peer serves."""
         covered = [False] * self.num_layers
-        for r in self.online():
+        for r in self.records.values():
+            if r.state not in SERVING:
+                continue
             for layer in range(r.layers.start, min(r.layers.end, self.num_layers)):
                 covered[layer] = True
         return [i for i, ok in enumerate(covered) if not ok]
