@@ -6,13 +6,14 @@ All async methods run on the client's `LoopThread`.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Collection
 from typing import Any
 
 from client.config import ClientConfig
 from client.loop import LoopThread
-from routing import BanList, NoRouteError, RouteCosts, plan_route
+from routing import BanList, NoRouteError, RouteCosts, choose_route
 from swarm import messages as m
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
@@ -33,6 +34,7 @@ class SwarmClient:
         self.bans = BanList()
         self.costs = RouteCosts()
         self.distrusted: set[str] = set()  # peers caught returning wrong results: never used again
+        self.route_rng = random.Random()  # which of the parallel routes a busy swarm's session takes
         self._view: SwarmView | None = None
         self._view_time = 0.0
         self.swarm_key = SwarmKey.load(config.swarm_key) if config.swarm_key else None
@@ -52,10 +54,14 @@ class SwarmClient:
 
     async def plan(self, start: int, end: int, pages_needed: int = 0, fresh: bool = False,
                    exclude: Collection[str] = ()) -> Route:
-        """The fastest route over layers [start, end); a stale view gets one fresh re-read."""
+        """A route over layers [start, end); a stale view gets one fresh re-read.
+
+        The fastest route while its peers have room; in a busy swarm one drawn in proportion to
+        the peers' spare capacity, so sessions spread over parallel routes (routing.choose_route).
+        """
         try:
             view = await self.view(fresh)
-            return plan_route(view, start=start, end=end, costs=self.costs,
+            return choose_route(view, self.route_rng, start=start, end=end, costs=self.costs,
                               banned=self.bans.penalties(time.monotonic()), pages_needed=pages_needed,
                               exclude=set(exclude) | self.distrusted)
         except NoRouteError as e:
