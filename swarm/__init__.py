@@ -7,7 +7,10 @@ Files and the concept each one owns:
   codec.py       Limits, encode_message / decode_message (msgpack), encode_tensor / decode_tensor
   messages.py    PROTOCOL_NAME, message type constants, ERROR_CODES, require_* field validators
   connection.py  PeerStream (send / recv / request / close), open_stream, serve_stream, stream_handler
-  dht.py         SwarmNode: hivemind.DHT wrapper — announce, fetch_view, list_models, identity files
+  dht.py         SwarmNode: hivemind.DHT wrapper — announce, fetch_view, list_models, reports
+  identity.py    the node's libp2p RSA key: identity files (mode checked), peer id of a public key
+  records.py     signed records: owned subkeys, RSA signature + max-TTL validators, owner_of
+  lifeline.py    no orphans: the DHT child and its p2pd die with the process that started them
 
 The protocol itself (messages, limits, error codes, DHT keys, push design) is in docs/protocol.md.
 `types` is importable without torch or hivemind; the other modules import them lazily via this

@@ -1,12 +1,14 @@
 """`SwarmNode`: a thin synchronous wrapper over hivemind.DHT for announcing and finding peers.
 
-DHT key layout (documented in docs/protocol.md):
-  layerswarm/v1/model/{model}   subkey = peer id (base58)   value = PeerRecord.to_dict()
-  layerswarm/v1/models          subkey = model name         value = {"num_layers": int}
-  layerswarm/v1/reports/{model} subkey = "peer|reporter"    value = {peer_id, reporter, reason, time}
-In a private swarm (`swarm_key`), each key is replaced by `SwarmKey.dht_key(key)` and each value
-by its msgpack bytes sealed with the swarm key (swarm/auth.py).
-Every value expires at announce time + ttl, so peers that stop announcing vanish.
+DHT key layout (documented in docs/protocol.md); OWNED(x) is `x + "[owner:<writer's public key>]"`:
+  layerswarm/v1/model/{model}   subkey = OWNED(peer id)     value = PeerRecord.to_dict()
+  layerswarm/v1/models          subkey = OWNED(model tag)   value = {"model": str, "num_layers": int}
+  layerswarm/v1/reports/{model} subkey = OWNED(peer id)     value = {peer_id, reporter, reason, time}
+Only the owner's key can write an owned subkey (signed records, swarm/records.py); readers keep a
+value only when its owner is the peer it names, and range-check every field (PeerRecord.from_dict).
+In a private swarm (`swarm_key`), each key is replaced by `SwarmKey.dht_key(key)`, the model tag
+is hashed the same way, and each value is its msgpack bytes sealed with the swarm key (swarm/auth.py).
+Every value expires at announce time + ttl (at most records.MAX_TTL), so peers that stop announcing vanish.
 
 hivemind runs the DHT in a child process (which owns the p2pd daemon); calls here block
 on a pipe to it. From async code use the `*_async` variants so the event loop keeps running.
@@ -14,9 +16,11 @@ on a pipe to it. From async code use the `*_async` variants so the event loop ke
 
 from __future__ import annotations
 
+import itertools
 import logging
-import os
+import math
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -26,7 +30,10 @@ from hivemind.p2p import P2P
 from hivemind.utils import get_dht_time
 
 from swarm.auth import SwarmKey
-from swarm.types import PeerRecord, SwarmView
+from swarm.identity import ensure_identity, ephemeral_identity, load_identity
+from swarm.lifeline import GuardedDHT
+from swarm.records import MAX_TTL, RecordSigner, owner_of
+from swarm.types import MAX_NUM_LAYERS, MAX_STR, PeerRecord, SwarmView
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +41,8 @@ KEY_PREFIX = "layerswarm/v1"
 MODELS_KEY = f"{KEY_PREFIX}/models"
 
 
-REPORT_TTL = 3600.0  # a report of a lying peer stays visible for an hour
+REPORT_TTL = MAX_TTL  # a report of a lying peer stays visible for an hour
+MAX_VALUES_READ = 4096  # subkeys of one key parsed per read; a flood of signed junk costs no more
 
 
 def model_key(model: str) -> str:
@@ -43,14 +51,6 @@ def model_key(model: str) -> str:
 
 def reports_key(model: str) -> str:
     return f"{KEY_PREFIX}/reports/{model}"
-
-
-def ensure_identity(path: str) -> None:
-    """Create a libp2p private key at `path` (mode 0600) unless one exists, so the peer id survives restarts."""
-    if os.path.exists(path):
-        return
-    P2P.generate_identity(path)  # hivemind's own format (protobuf RSA key), chmods it 0400
-    os.chmod(path, 0o600)  # owner may rewrite it later (e.g. rotate); still private
 
 
 class SwarmNode:
@@ -67,14 +67,21 @@ class SwarmNode:
     ) -> None:
         self.swarm_key = swarm_key  # private swarm: keys derived, values sealed (see swarm/auth.py)
         kwargs: dict[str, Any] = {}
+        # Every node has a key on file: p2pd names the node after it and records are signed with it.
+        temporary = None
         if identity_path is not None:
             ensure_identity(identity_path)
-            kwargs["identity_path"] = identity_path
-        self.dht = hivemind.DHT(
+        else:
+            identity_path, temporary = ephemeral_identity()
+            kwargs["check_if_identity_free"] = False  # a fresh key: asking the swarm costs seconds for nothing
+        self.signer = RecordSigner(load_identity(identity_path))
+        self.dht = GuardedDHT(  # its child process and p2pd die with this process (swarm/lifeline.py)
             initial_peers=list(initial_peers),
             host_maddrs=list(host_maddrs),
             client_mode=client_mode,
             start=False,
+            identity_path=identity_path,
+            record_validators=self.signer.validators(),
             **kwargs,
         )
         try:
@@ -82,6 +89,9 @@ class SwarmNode:
         except BaseException:
             self.dht.shutdown()
             raise
+        finally:
+            if temporary is not None:
+                temporary.cleanup()  # p2pd has read it; the key also lives on in self.signer
         self.peer_id: str = self.dht.peer_id.to_base58()
         self._daemon_maddr: Any = None  # p2pd control address, fetched on first replicate_p2p
 
@@ -135,6 +145,8 @@ class SwarmNode:
     def _announce_futures(self, record: PeerRecord, ttl: float) -> list[Any]:
         if record.peer_id != self.peer_id:
             raise ValueError(f"record.peer_id {record.peer_id} is not this node's id {self.peer_id}")
+        if not 0 < ttl <= MAX_TTL:
+            raise ValueError(f"ttl {ttl} must be in (0, {MAX_TTL:g}] seconds: other nodes refuse longer ones")
         expiration = get_dht_time() + ttl
         record_key, models_key = self._key(model_key(record.model)), self._key(MODELS_KEY)
         return [
@@ -142,14 +154,14 @@ class SwarmNode:
                 record_key,
                 self._seal(record.to_dict(), record_key),
                 expiration,
-                subkey=record.peer_id,
+                subkey=self.signer.owned(record.peer_id),
                 return_future=True,
             ),
             self.dht.store(
                 models_key,
-                self._seal({"num_layers": record.num_layers}, models_key),
+                self._seal({"model": record.model, "num_layers": record.num_layers}, models_key),
                 expiration,
-                subkey=record.model,
+                subkey=self.signer.owned(self._model_tag(record.model)),
                 return_future=True,
             ),
         ]
@@ -158,26 +170,37 @@ class SwarmNode:
     def _key(self, name: str) -> str:
         return name if self.swarm_key is None else self.swarm_key.dht_key(name)
 
+    def _model_tag(self, model: str) -> str:
+        """The registry subkey's name for `model`: hashed in a private swarm, so strangers cannot read it."""
+        return model if self.swarm_key is None else self.swarm_key.dht_key(model)[-32:]
+
     def _seal(self, value: dict[str, Any], key: str) -> Any:
         if self.swarm_key is None:
             return value
         return self.swarm_key.seal(msgpack.packb(value, use_bin_type=True), key)
 
-    def _unseal(self, found: Any, key: str) -> dict[Any, Any]:
-        """{subkey: value} of a DHT entry, dropping values a private swarm's members did not seal."""
-        values = _subkey_values(found)
-        if self.swarm_key is None:
-            return dict(values)
+    def _unseal(self, found: Any, key: str) -> dict[tuple[str, str], Any]:
+        """{(name, owner peer id): value} of a DHT entry's owned subkeys.
+
+        Unowned subkeys (anyone could have written them) are dropped, and in a private swarm
+        so are values its members did not seal.
+        """
         opened = {}
-        for subkey, sealed in values.items():
-            plain = self.swarm_key.open(sealed, key)
-            if plain is None:
-                logger.debug(f"dropping a value under {subkey!r} not sealed with this swarm's key")
+        for subkey, value in _subkey_values(found).items():
+            owner = owner_of(subkey)
+            if owner is None:
+                logger.debug(f"dropping a value under the unsigned subkey {subkey!r:.100}")
                 continue
-            try:
-                opened[subkey] = msgpack.unpackb(plain, raw=False, strict_map_key=False)
-            except Exception:
-                continue
+            if self.swarm_key is not None:
+                plain = self.swarm_key.open(value, key)
+                if plain is None:
+                    logger.debug(f"dropping a value of {owner[1]} not sealed with this swarm's key")
+                    continue
+                try:
+                    value = msgpack.unpackb(plain, raw=False, strict_map_key=False)
+                except Exception:
+                    continue
+            opened[owner] = value
         return opened
 
     # ---- reports of peers caught returning wrong results -----------------------------------------
@@ -186,15 +209,19 @@ class SwarmNode:
         key = self._key(reports_key(model))
         value = {"peer_id": peer_id, "reporter": self.peer_id, "reason": reason[:200], "time": time.time()}
         return bool(await self.dht.store(key, self._seal(value, key), get_dht_time() + REPORT_TTL,
-                                         subkey=f"{peer_id}|{self.peer_id}", return_future=True))
+                                         subkey=self.signer.owned(peer_id), return_future=True))
 
     async def fetch_reports_async(self, model: str) -> dict[str, list[dict[str, Any]]]:
         """peer id -> the reports against it (one per reporter), newest data from the DHT."""
         key = self._key(reports_key(model))
         out: dict[str, list[dict[str, Any]]] = {}
-        for value in self._unseal(await self.dht.get(key, latest=True, return_future=True), key).values():
-            if isinstance(value, dict) and isinstance(value.get("peer_id"), str):
-                out.setdefault(value["peer_id"], []).append(value)
+        found = self._unseal(await self.dht.get(key, latest=True, return_future=True), key)
+        for (accused, reporter), value in found.items():
+            # A report is only believed as the reporter's own word about the peer it names.
+            if (isinstance(value, dict) and value.get("peer_id") == accused and value.get("reporter") == reporter
+                    and isinstance(value.get("reason"), str) and len(value["reason"]) <= 200
+                    and type(value.get("time")) in (int, float) and math.isfinite(value["time"])):
+                out.setdefault(accused, []).append(value)
         return out
 
     # ---- fetch ------------------------------------------------------------------------------
@@ -213,47 +240,54 @@ class SwarmNode:
     def list_models(self) -> dict[str, int]:
         """model name -> num_layers, for every model some peer announced recently."""
         key = self._key(MODELS_KEY)
-        return _parse_registry(self._unseal(self.dht.get(key, latest=True), key))
+        return self._parse_registry(self._unseal(self.dht.get(key, latest=True), key))
 
     async def list_models_async(self) -> dict[str, int]:
         key = self._key(MODELS_KEY)
-        return _parse_registry(self._unseal(await self.dht.get(key, latest=True, return_future=True), key))
+        return self._parse_registry(self._unseal(await self.dht.get(key, latest=True, return_future=True), key))
+
+    def _parse_registry(self, values: Mapping[tuple[str, str], Any]) -> dict[str, int]:
+        """model -> num_layers; when peers disagree, the count most of them announce (ties: the larger)."""
+        votes: dict[str, Counter[int]] = {}
+        for (tag, _owner), value in values.items():
+            model = value.get("model") if isinstance(value, dict) else None
+            n = value.get("num_layers") if isinstance(value, dict) else None
+            if (isinstance(model, str) and len(model) <= MAX_STR and tag == self._model_tag(model)
+                    and type(n) is int and 0 <= n <= MAX_NUM_LAYERS):
+                votes.setdefault(model, Counter())[n] += 1
+            else:
+                logger.debug(f"dropping malformed registry entry {tag!r:.100}: {value!r:.200}")
+        return {model: _most_announced(counts) for model, counts in votes.items()}
 
 
 def _subkey_values(found: Any) -> Mapping[Any, Any]:
     """Unwrap hivemind's ValueWithExpiration(dict[subkey, ValueWithExpiration]) into {subkey: value}."""
     if found is None or not isinstance(found.value, dict):
         return {}
-    return {subkey: item.value for subkey, item in found.value.items()}
+    return {subkey: item.value for subkey, item in itertools.islice(found.value.items(), MAX_VALUES_READ)}
 
 
-def _parse_registry(values: Mapping[Any, Any]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for model, value in values.items():
-        n = value.get("num_layers") if isinstance(value, dict) else None
-        if isinstance(model, str) and type(n) is int and n >= 0:
-            out[model] = max(n, out.get(model, 0))
-        else:
-            logger.debug(f"dropping malformed registry entry {model!r}: {value!r:.200}")
-    return out
+def _most_announced(counts: Counter[int]) -> int:
+    return max(counts.items(), key=lambda item: (item[1], item[0]))[0]
 
 
-def _build_view(model: str, num_layers: int | None, found: Mapping[Any, Any], models: Any) -> SwarmView:
+def _build_view(model: str, num_layers: int | None, found: Mapping[tuple[str, str], Any], models: Any) -> SwarmView:
+    """The view of `model`: each record checked alone, so one bad record never hides the others."""
     records: dict[str, PeerRecord] = {}
-    for subkey, value in found.items():
+    for (name, owner), value in found.items():
         try:
             record = PeerRecord.from_dict(value)
         except ValueError as e:
-            logger.debug(f"dropping malformed record under {subkey!r}: {e}")
+            logger.debug(f"dropping malformed record of {owner}: {e}")
             continue
-        # The subkey is what the storing node claimed; a record naming another peer is a lie or a bug.
-        if record.peer_id != subkey or record.model != model:
-            logger.debug(
-                f"dropping record for {record.peer_id}/{record.model} stored under {subkey!r}/{model}"
-            )
+        # Only a peer's own key may speak for it: a record naming another peer is a lie or a bug.
+        if record.peer_id != owner or name != owner or record.model != model:
+            logger.debug(f"dropping record for {record.peer_id}/{record.model} signed by {owner} as {name!r:.80}")
             continue
-        records[subkey] = record
+        records[owner] = record
     if num_layers is None:
-        announced = [r.num_layers for r in records.values() if r.num_layers > 0]
-        num_layers = max(announced) if announced else (models() if models else {}).get(model, 0)
+        announced = Counter(r.num_layers for r in records.values() if r.num_layers > 0)
+        num_layers = _most_announced(announced) if announced else (models() if models else {}).get(model, 0)
+    # Layers beyond the model are a liar's or a misconfigured peer's: routing must never see them.
+    records = {peer: r for peer, r in records.items() if not num_layers or r.layers.end <= num_layers}
     return SwarmView(model=model, num_layers=num_layers, records=records)

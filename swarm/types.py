@@ -110,32 +110,66 @@ class PeerRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PeerRecord:
-        """Build a record from untrusted data: unknown keys are ignored, bad values raise ValueError."""
+        """Build a record from untrusted data: unknown keys are ignored, bad values raise ValueError.
+
+        Every field is type- and range-checked (see RECORD_BOUNDS): a record is written by a peer we
+        do not know, and whatever parses here flows into routing arithmetic and the monitor page.
+        """
         if not isinstance(data, Mapping):
             raise ValueError(f"peer record must be a map, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
         try:
             layers = kwargs["layers"]
-            kwargs["layers"] = LayerRange(int(layers[0]), int(layers[1]))
+            if not (isinstance(layers, (list, tuple)) and len(layers) == 2 and all(type(x) is int for x in layers)):
+                raise ValueError(f"layers must be two ints, got {layers!r:.60}")
+            if layers[1] > MAX_NUM_LAYERS:
+                raise ValueError(f"layers end {layers[1]} is above {MAX_NUM_LAYERS}")
+            kwargs["layers"] = LayerRange(layers[0], layers[1])
             kwargs["state"] = PeerState(kwargs.get("state", PeerState.ONLINE.value))
             if data.get("draining") is True and kwargs["state"] is PeerState.ONLINE:
                 kwargs["state"] = PeerState.DRAINING
-            kwargs["addrs"] = tuple(str(a) for a in kwargs.get("addrs", ()))
-            for name in ("throughput", "updated"):
+            addrs = kwargs.get("addrs", ())
+            if not isinstance(addrs, (list, tuple)) or len(addrs) > MAX_ADDRS:
+                raise ValueError(f"addrs must be a list of at most {MAX_ADDRS} strings")
+            kwargs["addrs"] = tuple(_bounded_str("addrs", a) for a in addrs)
+            for name, (low, high) in FLOAT_BOUNDS.items():
                 if name in kwargs:
-                    kwargs[name] = float(kwargs[name])
-                    if not math.isfinite(kwargs[name]):
-                        raise ValueError(f"{name} is not finite")
-            for name in ("free_pages", "total_pages", "page_size", "protocol", "num_layers"):
-                if name in kwargs:
-                    kwargs[name] = int(kwargs[name])
+                    value = kwargs[name]
+                    if type(value) not in (int, float) or not (math.isfinite(value) and low <= value <= high):
+                        raise ValueError(f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r:.40}")
+                    kwargs[name] = float(value)
+            for name, (low, high) in INT_BOUNDS.items():
+                if name in kwargs and not (type(kwargs[name]) is int and low <= kwargs[name] <= high):
+                    raise ValueError(f"{name} must be an int in [{low}, {high}], got {kwargs[name]!r:.40}")
             for name in ("peer_id", "model", "dtype", "quant", "version", "public_name", "fingerprint"):
-                if name in kwargs and not isinstance(kwargs[name], str):
-                    raise ValueError(f"{name} must be a string")
-            return cls(**kwargs)
+                if name in kwargs:
+                    kwargs[name] = _bounded_str(name, kwargs[name])
+            record = cls(**kwargs)
         except (KeyError, TypeError, IndexError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from e
+        if record.num_layers and record.layers.end > record.num_layers:
+            raise ValueError(f"malformed peer record: layers {record.layers} outside its model's {record.num_layers}")
+        return record
+
+
+# Bounds on what a record may claim. Generous for any real model and peer, small enough that no
+# sum or product over a swarm's records overflows or dominates (1e6 tokens/s is ~1000x a fast GPU).
+MAX_NUM_LAYERS = 100_000
+MAX_THROUGHPUT = 1e6
+MAX_STR = 256  # chars of any string field (peer id, model name, dtype, multiaddr, ...)
+MAX_ADDRS = 16
+FLOAT_BOUNDS: dict[str, tuple[float, float]] = {"throughput": (0.0, MAX_THROUGHPUT), "updated": (0.0, 1e11)}
+INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "free_pages": (0, 2**31), "total_pages": (0, 2**31), "page_size": (1, 2**16),
+    "protocol": (0, 2**16), "num_layers": (0, MAX_NUM_LAYERS),
+}
+
+
+def _bounded_str(name: str, value: Any) -> str:
+    if not isinstance(value, str) or len(value) > MAX_STR:
+        raise ValueError(f"{name} must be a string of at most {MAX_STR} chars")
+    return value
 
 
 @dataclass(frozen=True)

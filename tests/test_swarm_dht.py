@@ -67,17 +67,19 @@ def test_unknown_fields_ignored_and_bad_records_dropped(swarm_trio) -> None:
     _, server, client = swarm_trio
     model = unique_model()
     expiration = get_dht_time() + 30
+    key = model_key(model)
     future_record = PeerRecord(server.peer_id, model, LayerRange(2, 6), num_layers=6).to_dict()
     future_record["shiny_new_field"] = {"nested": [1, 2]}
-    assert server.dht.store(model_key(model), future_record, expiration, subkey=server.peer_id)
-    # malformed record, a record stored under someone else's subkey, and a record of another model
-    server.dht.store(model_key(model), {"peer_id": "x", "layers": "oops"}, expiration, subkey="x")
+    assert server.dht.store(key, future_record, expiration, subkey=server.signer.owned(server.peer_id))
+    # malformed records, a record naming another peer, one of another model, and junk: each
+    # signed by the client under its own subkey (other subkeys are refused or ignored)
     liar = PeerRecord(server.peer_id, model, LayerRange(0, 6), num_layers=6).to_dict()
-    server.dht.store(model_key(model), liar, expiration, subkey="someone-else")
-    other = PeerRecord("other", "another-model", LayerRange(0, 6), num_layers=6).to_dict()
-    server.dht.store(model_key(model), other, expiration, subkey="other")
-    server.dht.store(model_key(model), "not even a map", expiration, subkey="junk")
-
+    other = PeerRecord(client.peer_id, "another-model", LayerRange(0, 6), num_layers=6).to_dict()
+    for i, junk in enumerate([{"peer_id": "x", "layers": "oops"}, liar, other, "not even a map"]):
+        assert client.dht.store(key, junk, expiration + i, subkey=client.signer.owned(client.peer_id))
+        view = wait_for(lambda: client.fetch_view(model), lambda v: v.records)
+        assert set(view.records) == {server.peer_id}
+    server.dht.store(key, liar, expiration, subkey="someone-else")  # unsigned: nobody owns it
     view = wait_for(lambda: client.fetch_view(model), lambda v: v.records)
     assert set(view.records) == {server.peer_id}
     assert view.records[server.peer_id].layers == LayerRange(2, 6)
@@ -101,10 +103,13 @@ def test_registry_lists_models(swarm_trio) -> None:
     # a shorter ttl for the shared registry entry is refused by hivemind; announce still succeeds
     assert bootstrap.announce(PeerRecord(bootstrap.peer_id, a, LayerRange(2, 4), num_layers=24), ttl=20)
     bootstrap.announce(PeerRecord(bootstrap.peer_id, b, LayerRange(0, 4), num_layers=32), ttl=30)
-    server.dht.store(MODELS_KEY, {"num_layers": "many"}, get_dht_time() + 30, subkey="malformed-" + a)
+    client.dht.store(MODELS_KEY, {"model": "malformed-" + a, "num_layers": "many"}, get_dht_time() + 30,
+                     subkey=client.signer.owned("malformed-" + a))
+    client.dht.store(MODELS_KEY, {"model": "unsigned-" + a, "num_layers": 3}, get_dht_time() + 30,
+                     subkey="unsigned-" + a)
     models = wait_for(client.list_models, lambda m: {a, b} <= set(m))
     assert models[a] == 24 and models[b] == 32
-    assert "malformed-" + a not in models
+    assert "malformed-" + a not in models and "unsigned-" + a not in models
 
 
 async def test_async_variants(swarm_trio) -> None:

@@ -1,0 +1,72 @@
+"""No orphans: the DHT child process and its p2pd die when the process that started them dies.
+
+hivemind runs the DHT in a forked child (`hivemind.DHT` is a ForkProcess) that starts p2pd as
+its own subprocess. When the parent is killed outright (SIGKILL, OOM) nothing tells them, and
+both used to live on with parent 1, holding ~250 MB and the node's port. Two guards:
+
+* the DHT child runs a watchdog thread that polls its parent pid and exits when it changes
+  (polling, not PR_SET_PDEATHSIG: that signal fires when the *thread* that forked the child
+  exits, and peers start their DHT node from short-lived executor threads);
+* p2pd is started with PR_SET_PDEATHSIG = SIGKILL (Linux), so it dies with the DHT child,
+  whether the child exits cleanly, by the watchdog, or is killed itself. p2pd is forked from the
+  DHT child's event-loop thread, which lives as long as the child.
+"""
+
+from __future__ import annotations
+
+import asyncio.subprocess
+import ctypes
+import functools
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import hivemind
+
+logger = logging.getLogger(__name__)
+
+PARENT_POLL_SECONDS = 0.25
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask Linux to send `sig` to this process when its parent (thread) dies. No-op elsewhere.
+
+    Safe as a `preexec_fn`: only a libc call, no allocation of Python objects that need locks.
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+def watch_parent(parent_pid: int, on_orphaned=None, poll: float = PARENT_POLL_SECONDS) -> threading.Thread:
+    """Start a daemon thread that calls `on_orphaned()` (default: exit now) once the parent is gone."""
+
+    def run() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(poll)
+        if on_orphaned is not None:
+            on_orphaned()
+        os._exit(0)  # the parent is gone: nobody can use or stop us any more
+
+    thread = threading.Thread(target=run, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+class GuardedDHT(hivemind.DHT):
+    """hivemind.DHT whose child process (and p2pd) dies with the process that created it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._creator_pid = os.getpid()
+        super().__init__(*args, **kwargs)
+
+    def run(self) -> None:  # runs in the forked child
+        watch_parent(self._creator_pid)
+        # Only this child's copy of asyncio is patched: every subprocess it starts (p2pd) gets
+        # SIGKILL when the child dies. hivemind calls asyncio.subprocess.create_subprocess_exec.
+        original = asyncio.subprocess.create_subprocess_exec
+        asyncio.subprocess.create_subprocess_exec = functools.partial(original, preexec_fn=die_with_parent)
+        super().run()
