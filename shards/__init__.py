@@ -13,6 +13,8 @@ File map:
     shard.py       Shard: layers [start, end) loaded and run over a BatchLayout
     head.py        ModelHead: embeddings, final norm, LM head (what the client holds)
     demo_model.py  prepare_demo_model(): SmolLM2-135M-Instruct from its GGUF, as safetensors
+    resolve.py     a local folder or a Hub repo id -> local files (HF cache; only the files a peer's
+                   layers or a client's head need; offline mode; errors naming repo and revision)
 
 Only `kernels` may be imported from our other packages.
 """

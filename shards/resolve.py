@@ -1,0 +1,189 @@
+"""Model resolution: a local checkpoint folder, or a Hugging Face Hub repo id fetched file by file.
+
+A peer needs config.json and only the safetensors files holding its layers (found through the
+index's weight map); a client needs config.json, the tokenizer and generation config files and
+the files holding the embeddings, final norm and LM head. Both go through `huggingface_hub`'s
+cache, so a second start reads from disk; `HF_HOME` / `HF_HUB_CACHE`, `HF_ENDPOINT`,
+`HF_HUB_OFFLINE` and `HF_TOKEN` are honoured, read at call time (not at import) so a process can
+set them before its first resolution.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from shards.errors import CheckpointError
+from shards.loading import INDEX_NAME
+
+logger = logging.getLogger(__name__)
+
+SINGLE_FILE = "model.safetensors"
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+    "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
+)
+LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+class ResolveError(CheckpointError):
+    """A model name could not be turned into local files; the message names repo, revision and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are. `repo_id`/`commit` are None for a local folder."""
+
+    path: Path
+    repo_id: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+
+    @property
+    def default_name(self) -> str:
+        """The model's name in the DHT unless the user gives one: the repo id, or the folder's name."""
+        return self.repo_id or self.path.resolve().name
+
+
+def is_hub_id(name: str) -> bool:
+    """True when `name` is not an existing path and looks like `org/name` (or `name`)."""
+    return not Path(name).expanduser().exists() and bool(_REPO_ID.match(name)) and not name.startswith(".")
+
+
+def resolve_config(name: str, revision: str | None = None) -> ModelSource:
+    """Just config.json: enough to check a layer range before anything big is fetched."""
+    return _Hub.or_local(name, revision, lambda hub: hub.config())
+
+
+def resolve_for_peer(name: str, revision: str | None, layers: tuple[int, int] | None) -> ModelSource:
+    """config.json plus the weight files of layers [start, end) (all layers when `layers` is None)."""
+    return _Hub.or_local(name, revision, lambda hub: hub.weights(lambda t: _in_layers(t, layers)))
+
+
+def resolve_for_client(name: str, revision: str | None = None) -> ModelSource:
+    """config.json, tokenizer and generation config, and the files holding the non-layer tensors."""
+
+    def fetch(hub: _Hub) -> ModelSource:
+        for file in (*TOKENIZER_FILES, "generation_config.json"):
+            hub.file(file, optional=True)
+        return hub.weights(lambda t: LAYER_TENSOR.match(t) is None)
+
+    return _Hub.or_local(name, revision, fetch)
+
+
+def _in_layers(tensor: str, layers: tuple[int, int] | None) -> bool:
+    match = LAYER_TENSOR.match(tensor)
+    return match is not None and (layers is None or layers[0] <= int(match.group(1)) < layers[1])
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def _cache_dir() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+class _Hub:
+    """Downloads of one repo at one revision into the Hugging Face cache (one snapshot folder)."""
+
+    def __init__(self, repo_id: str, revision: str | None) -> None:
+        self.repo_id, self.revision = repo_id, revision or "main"
+        self.offline = _env_true("HF_HUB_OFFLINE")
+        self.endpoint = os.environ.get("HF_ENDPOINT") or None
+        self.snapshot: Path | None = None
+
+    @staticmethod
+    def or_local(name: str, revision: str | None, fetch) -> ModelSource:
+        folder = Path(name).expanduser()
+        if folder.is_dir():
+            if revision:
+                raise ResolveError(f"--revision applies to Hub models; {folder} is a local folder (drop --revision)")
+            return ModelSource(path=folder)
+        if folder.exists() or not is_hub_id(name):
+            raise ResolveError(
+                f"{name!r} is neither a checkpoint folder nor a Hub repo id; pass a folder with config.json "
+                "and *.safetensors, or a repo id such as HuggingFaceTB/SmolLM2-135M-Instruct"
+            )
+        return fetch(_Hub(name, revision))
+
+    def _where(self) -> str:
+        return f"{self.repo_id!r} at revision {self.revision!r}"
+
+    def file(self, filename: str, optional: bool = False) -> Path | None:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            GatedRepoError,
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+
+        try:
+            path = Path(hf_hub_download(self.repo_id, filename, revision=self.revision, cache_dir=_cache_dir(),
+                                        endpoint=self.endpoint, local_files_only=self.offline))
+        except GatedRepoError:
+            raise ResolveError(f"{self._where()} is gated: accept its licence on the Hub, then set HF_TOKEN "
+                               "to a token of that account") from None
+        except RepositoryNotFoundError:
+            raise ResolveError(f"{self._where()}: no such repo (or it is private): check the spelling, or set "
+                               "HF_TOKEN to a token that can read it") from None
+        except RevisionNotFoundError:
+            raise ResolveError(f"{self._where()}: no such revision; give a branch, tag or commit that exists "
+                               "(--revision), or drop it for 'main'") from None
+        except LocalEntryNotFoundError:
+            if optional:
+                return None
+            why = ("HF_HUB_OFFLINE is set and it is not in the cache " + str(_cache_dir()) if self.offline
+                   else "the Hub cannot be reached and it is not in the cache " + str(_cache_dir()))
+            raise ResolveError(f"{self._where()}: {filename} unavailable: {why}; connect once without "
+                               "HF_HUB_OFFLINE, or check HF_HOME / HF_ENDPOINT") from None
+        except EntryNotFoundError:
+            if optional:
+                return None
+            raise ResolveError(f"{self._where()} has no {filename}; is it a transformers checkpoint in "
+                               "safetensors format?") from None
+        except (HfHubHTTPError, OSError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ResolveError(f"{self._where()}: downloading {filename} failed ({first}); check the network, "
+                               "HF_ENDPOINT and HF_TOKEN, then retry") from None
+        self.snapshot = path.parent if "/" not in filename else self.snapshot
+        return path
+
+    def source(self) -> ModelSource:
+        assert self.snapshot is not None
+        return ModelSource(path=self.snapshot, repo_id=self.repo_id, revision=self.revision,
+                           commit=self.snapshot.name)
+
+    def config(self) -> ModelSource:
+        self.file("config.json")
+        return self.source()
+
+    def weights(self, wanted) -> ModelSource:
+        """config.json, then the index (if any) and each weight file holding a tensor `wanted` accepts."""
+        self.config()
+        index = self.file(INDEX_NAME, optional=True)
+        if index is None:
+            files = [SINGLE_FILE]
+        else:
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise ResolveError(f"{self._where()}: unreadable {INDEX_NAME} ({e})") from None
+            files = sorted({file for tensor, file in weight_map.items() if wanted(tensor)})
+            if any("/" in f or f.startswith(".") for f in files):
+                raise ResolveError(f"{self._where()}: {INDEX_NAME} names files outside the repo root")
+        logger.info("%s: using %d weight file(s): %s", self._where(), len(files), ", ".join(files))
+        for file in files:
+            self.file(file)
+        return self.source()

@@ -1,0 +1,112 @@
+"""Models by Hub name: partial downloads into the HF cache, offline reuse, errors that name the fix.
+
+No test reaches the internet: `tests/hub_server.py` answers the Hub's endpoints on 127.0.0.1 and
+HF_ENDPOINT points at it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from shards.head import ModelHead
+from shards.resolve import ResolveError, is_hub_id, resolve_config, resolve_for_client, resolve_for_peer
+from shards.shard import Shard
+from tests.hub_server import HubRepo, HubServer, split_checkpoint
+
+REPO = "test-org/tiny-llama"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def hub_files(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    folder = tmp_path_factory.mktemp("hub-repo")
+    return folder, split_checkpoint(tiny_model, folder)
+
+
+@pytest.fixture
+def hub(hub_files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
+    folder, _ = hub_files
+    with HubServer({REPO: HubRepo(folder, COMMIT)}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        yield server
+
+
+def _layer_files(weight_map: dict[str, str], layers: range) -> set[str]:
+    return {f for name, f in weight_map.items() if any(name.startswith(f"model.layers.{i}.") for i in layers)}
+
+
+def test_peer_downloads_only_its_layers(hub: HubServer, hub_files, tiny_model: Path, tmp_path: Path) -> None:
+    _, weight_map = hub_files
+    source = resolve_for_peer(REPO, None, (0, 2))
+    needed = _layer_files(weight_map, range(0, 2))
+    assert len(set(weight_map.values())) == 5 and len(needed) == 2  # 4 layer files + the head's
+    assert hub.downloaded(REPO) == {"config.json", "model.safetensors.index.json", *needed}
+    assert source.default_name == REPO and source.commit == COMMIT
+    assert source.path.is_relative_to(tmp_path / "hf-home" / "hub")  # HF_HOME honoured
+    shard = Shard.from_pretrained(source.path, 0, 2)
+    reference = Shard.from_pretrained(tiny_model, 0, 2)
+    assert shard.fingerprint == reference.fingerprint
+
+
+def test_client_downloads_head_config_and_tokenizer_only(hub: HubServer, hub_files, tiny_model: Path) -> None:
+    _, weight_map = hub_files
+    source = resolve_for_client(REPO)
+    head_files = {f for name, f in weight_map.items() if not name.startswith("model.layers.")}
+    assert hub.downloaded(REPO) == {"config.json", "generation_config.json", "model.safetensors.index.json",
+                                    *head_files}
+    asked = {path.rsplit("/", 1)[-1] for method, path in hub.requests}
+    assert {"tokenizer.json", "tokenizer_config.json"} <= asked  # looked for (the tiny repo has none)
+    head, reference = ModelHead.from_pretrained(source.path), ModelHead.from_pretrained(tiny_model)
+    assert torch.equal(head.embedding, reference.embedding) and torch.equal(head.lm_head, reference.lm_head)
+
+
+def test_cache_is_used_offline(hub: HubServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = resolve_for_peer(REPO, None, (0, 2))
+    hub.requests.clear()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    again = resolve_for_peer(REPO, None, (0, 2))
+    assert again.path == first.path and hub.requests == []
+    with pytest.raises(ResolveError, match=r"model-\d+-of-\d+\.safetensors unavailable: HF_HUB_OFFLINE is set"):
+        resolve_for_peer(REPO, None, (2, 4))  # never downloaded
+
+
+def test_revision_by_commit_and_config_only(hub: HubServer) -> None:
+    source = resolve_config(REPO, COMMIT)
+    assert (source.path / "config.json").is_file() and source.commit == COMMIT
+    assert hub.downloaded(REPO) == {"config.json"}
+
+
+@pytest.mark.parametrize(
+    ("name", "revision", "expected"),
+    [
+        ("test-org/nope", None, r"'test-org/nope' at revision 'main': no such repo .*HF_TOKEN"),
+        (REPO, "v9", r"'test-org/tiny-llama' at revision 'v9': no such revision"),
+        ("not a path or repo", None, r"neither a checkpoint folder nor a Hub repo id"),
+    ],
+)
+def test_errors_name_repo_revision_and_fix(hub: HubServer, name: str, revision: str | None, expected: str) -> None:
+    with pytest.raises(ResolveError, match=expected) as info:
+        resolve_for_peer(name, revision, (0, 2))
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow  # huggingface_hub retries a refused connection 5 times (~25 s) before giving up
+def test_unreachable_hub_without_cache(hub: HubServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    with pytest.raises(ResolveError, match=r"config.json unavailable: the Hub cannot be reached"):
+        resolve_config(REPO)
+
+
+def test_local_folder_wins_and_rejects_revision(tiny_model: Path) -> None:
+    assert resolve_for_peer(str(tiny_model), None, (0, 2)).path == tiny_model
+    assert not is_hub_id(str(tiny_model)) and is_hub_id(REPO)
+    with pytest.raises(ResolveError, match="drop --revision"):
+        resolve_config(str(tiny_model), "main")
