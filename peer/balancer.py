@@ -9,15 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from peer.config import DTYPES
+from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
 from routing import choose_layers, should_move
-from swarm.types import LayerRange
-
-if TYPE_CHECKING:
-    from peer.server import PeerServer
+from shards.config import ModelConfig
+from swarm.types import LayerRange, SwarmView
 
 logger = logging.getLogger(__name__)
 
@@ -26,30 +25,42 @@ logger = logging.getLogger(__name__)
 JITTER = 0.25
 
 
-async def choose_initial_layers(server: PeerServer) -> LayerRange:
-    cfg = server.config
-    total = server.model_config.num_layers
-    count = cfg.num_layers or layers_that_fit(server.model_config, DTYPES[cfg.dtype], cfg.device, cfg.cache_tokens,
-                                              cfg.quant, cfg.quant_group_size)
-    view = await server.node.fetch_view_async(cfg.model_name, total)
-    layers = choose_layers(view, min(count, total))
+@dataclass(frozen=True)
+class Placement:
+    """What the balancer may read and do, handed over by the server (so this file never imports it)."""
+
+    config: PeerConfig
+    model_config: ModelConfig
+    fetch_view: Callable[[], Awaitable[SwarmView]]
+    peer_id: Callable[[], str]
+    layers: Callable[[], LayerRange | None]
+    throughput: Callable[[], float]
+    migrate: Callable[[LayerRange], Awaitable[None]]
+
+
+async def choose_initial_layers(placement: Placement) -> LayerRange:
+    cfg = placement.config
+    total = placement.model_config.num_layers
+    count = cfg.num_layers or layers_that_fit(placement.model_config, DTYPES[cfg.dtype], cfg.device,
+                                              cfg.cache_tokens, cfg.quant, cfg.quant_group_size)
+    layers = choose_layers(await placement.fetch_view(), min(count, total))
     logger.info("chose layers %s (%d of %d) where the swarm is weakest", layers, len(layers), total)
     return layers
 
 
-async def balance_loop(server: PeerServer) -> None:
-    cfg = server.config
+async def balance_loop(placement: Placement) -> None:
+    cfg = placement.config
     while True:
         await asyncio.sleep(cfg.balance_period * random.uniform(1 - JITTER, 1 + JITTER))
         try:
-            view = await server.node.fetch_view_async(cfg.model_name, server.model_config.num_layers)
-            if server.peer_id not in view.records:
+            view = await placement.fetch_view()
+            if placement.peer_id() not in view.records:
                 continue  # our own record is not visible yet; decide on the next round
-            target = should_move(view, server.peer_id, quality=cfg.balance_quality,
-                                 my_throughput=server.throughput)
+            target = should_move(view, placement.peer_id(), quality=cfg.balance_quality,
+                                 my_throughput=placement.throughput())
             if target is not None:
-                await server.migrate(target)
+                await placement.migrate(target)
         except asyncio.CancelledError:
             raise
         except Exception:
-            logger.exception("balancing round failed; staying on layers %s", server.layers)
+            logger.exception("balancing round failed; staying on layers %s", placement.layers())

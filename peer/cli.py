@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from peer.config import PeerConfig, ServingLimits
+from peer.config import FaultyOutputs, PeerConfig, ServingLimits
 from swarm.types import LayerRange
 
 app = typer.Typer(
@@ -162,8 +162,12 @@ def serve(
     max_steps_per_second: Annotated[float, typer.Option(help="Steps (and forward passes) per second at most from one client, with bursts of twice that; 0: unlimited.")] = 2000.0,
     max_tensor_elements: Annotated[int, typer.Option(help="Elements at most in one received tensor (checked before anything is allocated).")] = 64 * 2**20,
     max_frame_mb: Annotated[int, typer.Option(help="Largest frame accepted, in MiB.")] = 256,
+    max_client_pages_fraction: Annotated[float, typer.Option(help="Share of the KV cache one client may hold at once (its sessions and forward passes together), so one long prompt cannot leave other clients 'busy'. 1: no per-client cap.")] = 0.5,
+    share_prefix_across_clients: Annotated[bool, typer.Option("--share-prefix-across-clients", help="Let clients reuse each other's cached prompt prefixes. Only for private swarms whose members all trust each other: a client could plant wrong KV pages under another's prompt. Default: each client shares only with itself.")] = False,
     num_threads: Annotated[int, typer.Option(help="Torch CPU threads (0: torch's default).")] = 0,
+    no_cuda_graphs: Annotated[bool, typer.Option("--no-cuda-graphs", help="On CUDA, run decode steps eagerly instead of replaying captured CUDA graphs (slower; for debugging and comparison).")] = False,
     faulty: Annotated[float, typer.Option(hidden=True, help="TEST ONLY: add noise of this std to outputs.")] = 0.0,
+    faulty_probability: Annotated[float, typer.Option(hidden=True, help="TEST ONLY: with --faulty, lie on this fraction of results.")] = 1.0,
     log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "info",
 ) -> None:
     """Serve layers of a model to the swarm until Ctrl-C / SIGTERM."""
@@ -189,6 +193,8 @@ def serve(
         raise typer.BadParameter(f"{dtype!r}: choose float32, bfloat16 or float16", param_hint="--dtype")
     if not 0 <= cache_fraction < 1:
         raise typer.BadParameter("must be in [0, 1)", param_hint="--cache-fraction")
+    if not 0 < max_client_pages_fraction <= 1:
+        raise typer.BadParameter("must be in (0, 1]", param_hint="--max-client-pages-fraction")
     if not model.is_dir():
         raise typer.BadParameter(f"{model} is not a folder; pass a checkpoint folder", param_hint="--model")
     config = PeerConfig(
@@ -217,7 +223,8 @@ def serve(
         max_chunk_tokens=max_chunk_tokens,
         alloc_timeout=alloc_timeout,
         num_threads=num_threads,
-        faulty=faulty,
+        cuda_graphs=not no_cuda_graphs,
+        faulty=FaultyOutputs(faulty, faulty_probability) if faulty > 0 else None,
         limits=ServingLimits(
             max_frame_bytes=max_frame_mb * 2**20,
             max_sessions=max_sessions,
@@ -226,6 +233,8 @@ def serve(
             idle_timeout=idle_timeout,
             max_steps_per_second=max_steps_per_second,
             max_tensor_elements=max_tensor_elements,
+            max_client_pages_fraction=max_client_pages_fraction,
+            share_prefix_across_clients=share_prefix_across_clients,
         ),
     )
     if dry_run:

@@ -24,6 +24,21 @@ class ServingLimits:
     max_batch: int = 64  # sequences per session
     max_steps_per_second: float = 2000.0  # per client, bursts of twice that: far above honest use, stops floods
     idle_timeout: float = 300.0  # seconds without a step before a session is closed and its pages freed
+    # KV pages one client may hold at once (its sessions and stateless forwards together), as a share of
+    # the pool: one client's prefill can never take the whole cache and leave the others `busy`.
+    max_client_pages_fraction: float = 0.5
+    # Prefix pages are shared only among one client's own sessions: another client's pages are only as
+    # trustworthy as that client's inputs (a junk prefill with someone else's token ids would poison
+    # them). A private swarm of trusted members may share across clients (--share-prefix-across-clients).
+    share_prefix_across_clients: bool = False
+
+
+@dataclass(frozen=True)
+class FaultyOutputs:
+    """TEST ONLY (hidden `--faulty`): add noise of this std to a result, on this fraction of results."""
+
+    std: float
+    probability: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -34,6 +49,9 @@ class PeerConfig:
     num_layers: int | None = None
     initial_peers: tuple[str, ...] = ()
     host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    announce_maddrs: tuple[str, ...] | None = None  # what others dial (None: the daemon's own guess)
+    use_relay: bool = True  # libp2p circuit relays: reach relayed peers, and be relayed when unreachable
+    relayed: bool = False  # failed the dial-back check: DHT client only, reachable through a relay
     identity_path: Path | None = None
     swarm_key: Path | None = None  # private swarm: members share this secret file
     device: str = "cpu"
@@ -52,9 +70,10 @@ class PeerConfig:
     alloc_timeout: float = 5.0  # a step that finds the page pool full waits this long, then gets "busy"
     step_timeout: float = 30.0  # downstream push timeout
     num_threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    cuda_graphs: bool = True  # decode-only batches on CUDA replay captured graphs (--no-cuda-graphs: eager)
     balance_period: float = 120.0  # seconds between re-reads of the swarm (randomised +-25%)
     balance_quality: float = 0.75  # move only if the bottleneck grows by more than 1/quality
-    faulty: float = 0.0  # TEST ONLY: std of noise added to outputs, to exercise client verification
+    faulty: FaultyOutputs | None = None  # TEST ONLY: a lying peer, to exercise client verification
     limits: ServingLimits = field(default_factory=ServingLimits)
 
     @property

@@ -1,7 +1,9 @@
 """`PeerServer`: the life of one peer process, from loading weights to a clean goodbye.
 
-start: load the shard -> join the DHT -> register the stream handler -> measure throughput ->
-announce ONLINE (and keep re-announcing before the record expires).
+start: join the DHT -> choose layers -> build the serving engine (weights, KV cache, decode graphs;
+see `peer/engine.py`) and measure its throughput -> register the stream handler -> announce
+ONLINE (and keep re-announcing before the record expires).
+migrate: build the engine of the new range while the old one serves, then swap it in one step.
 stop: announce OFFLINE -> refuse new work -> tell open sessions -> free everything -> leave.
 """
 
@@ -14,22 +16,20 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from peer.balancer import balance_loop, choose_initial_layers
+from peer.balancer import Placement, balance_loop, choose_initial_layers
 from peer.config import DTYPES, PeerConfig
+from peer.engine import ServingEngine
 from peer.handler import ServedModel, StreamHandler
 from peer.memory import available_bytes
-from peer.page_outputs import PageOutputs
 from peer.push import PushLinks
 from peer.rate_limit import RateLimiter
 from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
-from peer.throughput import measure_throughput
+from peer.view import ViewService
 from shards.batch import BatchLayout
 from shards.config import ModelConfig
 from shards.kv_cache import KVCache
 from shards.paging import PagePool
-from shards.quant import quantize_shard
-from shards.shard import Shard
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
 from swarm.connection import stream_handler
@@ -78,13 +78,12 @@ class PeerServer:
         )
         self.p2p = await self.node.replicate_p2p()
         if self.layers is None:
-            self.layers = await choose_initial_layers(self)
-        self.shard = await self._load(self.layers)
-        self.num_pages = self._pool_pages()
+            self.layers = await choose_initial_layers(self._placement())
+        self.num_pages = self._pool_pages(self.layers)
+        self.engine, self.throughput = await self._build_engine(self.layers)
         self.pool = PagePool(self.num_pages, cfg.page_size)
-        self.cache = self.shard.new_cache(self.num_pages, cfg.page_size)
         self.registry = SessionRegistry(self.pool, cfg.limits, self._copy_page)
-        self.registry.fingerprint = self.shard.fingerprint
+        self.registry.fingerprint = self.engine.fingerprint
         self.scheduler = BatchScheduler(
             self._run_batch, page_size=cfg.page_size, max_batch_tokens=cfg.max_chunk_tokens,
             batch_window=cfg.batch_window, enabled=cfg.batching,
@@ -99,12 +98,9 @@ class PeerServer:
             self.swarm_key, self.peer_id, RateLimiter(cfg.limits.max_steps_per_second),
         )
         self.handler.forward_priority = cfg.forward_priority
-        self.handler.page_outputs = PageOutputs(
-            self.num_pages, cfg.page_size, self.model_config.hidden_size, DTYPES[cfg.dtype]
-        )
+        self.handler.page_outputs = self.engine.page_outputs
+        self.handler.view = ViewService(self.node.fetch_view_async, cfg.model_name).answer
         await self.p2p.add_binary_stream_handler(PROTOCOL_NAME, stream_handler(self.handler.serve, self.limits))
-        await self._announce()  # JOINING: visible to monitors while we measure
-        await self._measure()
         self.state = PeerState.ONLINE
         await self._announce()
         self._background = [
@@ -112,22 +108,44 @@ class PeerServer:
             loop.create_task(self._reap_loop(), name="reap-idle"),
         ]
         if cfg.layers is None:  # a fixed --layers peer never moves
-            self._background.append(loop.create_task(balance_loop(self), name="balance"))
+            self._background.append(loop.create_task(balance_loop(self._placement()), name="balance"))
 
-    async def _load(self, layers: LayerRange) -> Shard:
+    def _placement(self) -> Placement:
+        """What the balancer may read and do: the few callables it needs, not the server."""
+        cfg = self.config
+        return Placement(
+            config=cfg,
+            model_config=self.model_config,
+            fetch_view=lambda: self.node.fetch_view_async(cfg.model_name, self.model_config.num_layers),
+            peer_id=lambda: self.peer_id,
+            layers=lambda: self.layers,
+            throughput=lambda: self.throughput,
+            migrate=self.migrate,
+        )
+
+    async def _build_engine(self, layers: LayerRange) -> tuple[ServingEngine, float]:
+        """Load layers, allocate their cache, capture graphs and measure tokens/s: all off the event loop.
+
+        Measured before the engine serves anyone, so the measurement's cache pages are its own.
+        """
         cfg = self.config
         logger.info("loading layers %s of %s (%s, %s, quant %s)", layers, cfg.model_path, cfg.dtype, cfg.device,
                     cfg.quant)
 
-        def load() -> Shard:
-            shard = Shard.from_pretrained(cfg.model_path, layers.start, layers.end, dtype=DTYPES[cfg.dtype],
-                                          device=cfg.device)
-            quantize_shard(shard, cfg.quant, cfg.quant_group_size)
-            return shard
+        def build() -> tuple[ServingEngine, float]:
+            engine = ServingEngine.load(
+                str(cfg.model_path), layers, dtype=DTYPES[cfg.dtype], device=cfg.device, quant=cfg.quant,
+                quant_group_size=cfg.quant_group_size, num_pages=self.num_pages, page_size=cfg.page_size,
+                max_length=cfg.limits.max_length, graphs=cfg.cuda_graphs,
+            )
+            return engine, engine.measure_throughput()
 
-        return await asyncio.get_running_loop().run_in_executor(None, load)
+        engine, throughput = await asyncio.get_running_loop().run_in_executor(None, build)
+        logger.info("throughput: %.1f tokens/s through %d layers (%s)", throughput, len(layers),
+                    "CUDA graphs" if engine.graphs is not None else "eager")
+        return engine, throughput
 
-    def _pool_pages(self) -> int:
+    def _pool_pages(self, layers: LayerRange) -> int:
         """KV pages: `--cache-tokens`, or `--cache-fraction` of the free device memory (after the weights).
 
         A page costs its KV over the served layers plus its stored output rows (`PageOutputs`,
@@ -137,49 +155,49 @@ class PeerServer:
         if cfg.cache_fraction <= 0:
             return cfg.num_pages
         dtype = DTYPES[cfg.dtype]
-        per_token = KVCache.bytes_per_token(self.model_config, len(self.layers), dtype)
+        per_token = KVCache.bytes_per_token(self.model_config, len(layers), dtype)
         if not cfg.device.startswith("cuda"):
             per_token += self.model_config.hidden_size * torch.empty((), dtype=dtype).element_size()
-        pages = int(available_bytes(cfg.device) * cfg.cache_fraction) // (per_token * cfg.page_size)
+        free = available_bytes(cfg.device)
+        if cfg.device.startswith("cuda"):  # the weights are not loaded yet: leave room for them
+            from shards.quant import memory_plan
+
+            free -= memory_plan(self.model_config, len(layers), cfg.quant, dtype, 0,
+                                cfg.quant_group_size)["weight_bytes"]
+        pages = int(free * cfg.cache_fraction) // (per_token * cfg.page_size)
         logger.info("KV pool: %d pages of %d tokens (%.2f of free %s memory)", pages, cfg.page_size,
                     cfg.cache_fraction, cfg.device)
         return max(1, pages)
 
     async def _copy_page(self, src: int, dst: int) -> None:
-        """Copy-on-write of a shared page: its KV (every layer) and stored outputs, between batches."""
-
-        def copy() -> None:
-            for k, v in zip(self.cache.k, self.cache.v):
-                k[dst].copy_(k[src])
-                v[dst].copy_(v[src])
-            self.handler.page_outputs.copy(src, dst)
-
-        await self.scheduler.run_exclusive(copy)
-
-    async def _measure(self) -> None:
-        self.throughput = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: measure_throughput(self.shard, page_size=self.config.page_size)
-        )
-        logger.info("throughput: %.1f tokens/s through %d layers", self.throughput, len(self.layers))
+        """Copy-on-write of a shared page, on the compute thread between two batches."""
+        await self.scheduler.run_exclusive(lambda: self.engine.copy_page(src, dst))
 
     async def migrate(self, target: LayerRange) -> None:
         """Serve `target` instead of the current range, without dropping a request silently.
 
-        The new weights load while the old range keeps serving; then the new range is
-        announced, open sessions are told to fail over (a clear retryable error frame each),
-        and the old weights and cache are freed.
+        The new engine (weights, cache, graphs) is built while the old range keeps serving; then
+        open sessions are told to fail over (a clear retryable error frame each), the engine is
+        swapped between two batches, and the new range is announced. The old engine is freed
+        when the last reference to it goes.
         """
         logger.info("moving from layers %s to %s", self.layers, target)
-        shard = await self._load(target)
-        cache = shard.new_cache(self.num_pages, self.config.page_size)
+        engine, throughput = await self._build_engine(target)
         old, self.moving = self.layers, True
         await self.handler.fail_all("wrong_layers", f"peer moved from layers {old} to {target}; fail over")
-        self.shard, self.cache, self.layers = shard, cache, target
-        self.registry.fingerprint = shard.fingerprint  # prefix hashes of the old layers never match again
+
+        def swap() -> None:  # on the compute thread: no batch is running on the old engine
+            self.engine = engine
+
+        await self.scheduler.run_exclusive(swap)
+        self.layers, self.throughput = target, throughput
+        self.registry.fingerprint = engine.fingerprint  # prefix hashes of the old layers never match again
+        self.handler.page_outputs = engine.page_outputs
         self.handler.served.layers = target
         self.moving = False
         self.migrations += 1
-        await self._measure()
+        if engine.device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the old engine's memory back before the next move
         await self._announce()
         logger.info("now serving layers %s", target)
 
@@ -198,7 +216,7 @@ class PeerServer:
             peer_id=self.peer_id, model=cfg.model_name, layers=self.layers, state=self.state,
             throughput=self.throughput, free_pages=self.pool.num_free, total_pages=self.pool.num_pages,
             page_size=cfg.page_size, dtype=cfg.dtype, quant=cfg.quant, version=software_version(),
-            public_name=cfg.public_name, fingerprint=self.shard.fingerprint,
+            public_name=cfg.public_name, fingerprint=self.engine.fingerprint,
             addrs=tuple(self.visible_maddrs()), num_layers=self.model_config.num_layers, updated=time.time(),
         )
 
@@ -213,15 +231,16 @@ class PeerServer:
                 "pushes": self.push_links.pushes,
                 "uptime": round(time.time() - self.started, 1),
                 "migrations": self.migrations,
+                "graph_batches": self.engine.steps["graph"],
+                "eager_batches": self.engine.steps["eager"],
                 "errors": dict(self.handler.errors),
                 "refusals": dict(self.registry.counters),
             },
         }
 
-    def _run_batch(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int], stateful: bool):
-        hidden = hidden.to(self.shard.device)
-        output = self.shard.forward(hidden, layout, self.cache if stateful else None, layers=layers)
-        return output.to("cpu")
+    def _run_batch(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int],
+                   stateful: bool) -> torch.Tensor:
+        return self.engine.run_batch(hidden, layout, layers, stateful)  # whichever engine is current
 
     async def _announce(self) -> None:
         record = self.record()

@@ -1,0 +1,143 @@
+"""`ServingEngine`: the one owner of a peer's served model state, and its one `run_batch`.
+
+The state is everything that depends on which layers are served: the shard (weights, maybe
+quantized), its paged KV cache, the stored output rows of cached pages (`PageOutputs`, for
+prefix sharing) and, on a CUDA device, the captured decode graphs. `PeerServer.migrate` builds a
+new engine for the new range and swaps it in one assignment; nothing else holds these objects.
+
+`run_batch` is what the scheduler's compute thread calls for every batch:
+- a decode-only batch (one new token per sequence, all of the shard's layers, at most the largest
+  bucket of sequences) on CUDA replays a captured graph (`shards.cuda_graphs.DecodeGraphs`):
+  the step's hidden rows and one packed int32 block of positions/slots/lengths/page tables are
+  copied into fixed device buffers and the graph of the smallest bucket that fits is replayed;
+- anything else (prefill chunks, mixed batches, a layer sub-range, stateless forwards, CPU) runs
+  `Shard.forward` eagerly.
+Outputs go back to the host in the wire dtype through a pinned staging buffer, so the step costs
+one device->host copy and one synchronisation, not a pageable copy per tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import Counter
+
+import torch
+
+from peer.page_outputs import PageOutputs
+from shards.batch import BatchLayout
+from shards.cuda_graphs import DecodeGraphs, fused_decode_supported
+from shards.quant import quantize_shard
+from shards.shard import Shard
+from swarm.types import LayerRange
+
+logger = logging.getLogger(__name__)
+
+THROUGHPUT_CONTEXT = 32  # tokens of context for the start-up measurement: decode cost is mostly weights
+
+
+class ServingEngine:
+    """Shard + KV cache + page outputs + decode graphs for one layer range; see the module docstring."""
+
+    def __init__(self, shard: Shard, num_pages: int, page_size: int, max_length: int, *, graphs: bool = True) -> None:
+        self.shard = shard
+        self.layers = LayerRange(shard.start, shard.end)
+        self.page_size = page_size
+        self.cache = shard.new_cache(num_pages, page_size)
+        self.page_outputs = PageOutputs(num_pages, page_size, shard.config.hidden_size, shard.dtype)
+        self.steps: Counter[str] = Counter()  # batches run, by path ("graph" / "eager"), for `info`
+        self.graphs: DecodeGraphs | None = None
+        if graphs and shard.device.type == "cuda" and fused_decode_supported(shard):
+            self.graphs = DecodeGraphs(shard, self.cache, max_pages_per_seq=-(-max_length // page_size))
+            started = time.perf_counter()
+            self.graphs.capture()
+            logger.info("captured decode graphs for batch sizes %s in %.1f s", ",".join(map(str, self.graphs.buckets)),
+                        time.perf_counter() - started)
+        elif graphs and shard.device.type == "cuda":
+            logger.info("decode graphs are not available for this model family; decoding eagerly")
+        self._staging: torch.Tensor | None = None  # pinned host buffer for outputs (CUDA only)
+
+    @classmethod
+    def load(
+        cls,
+        model_path: str,
+        layers: LayerRange,
+        *,
+        dtype: torch.dtype,
+        device: str,
+        quant: str,
+        quant_group_size: int,
+        num_pages: int,
+        page_size: int,
+        max_length: int,
+        graphs: bool = True,
+    ) -> ServingEngine:
+        """Load (and quantize) layers `layers`, allocate the cache, capture graphs. Blocking: call off the loop."""
+        shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=device)
+        quantize_shard(shard, quant, quant_group_size)
+        return cls(shard, num_pages, page_size, max_length, graphs=graphs)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.shard.fingerprint
+
+    @property
+    def device(self) -> torch.device:
+        return self.shard.device
+
+    # ------------------------------------------------------------------ compute thread
+
+    def run_batch(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int], stateful: bool) -> torch.Tensor:
+        """hidden (N, H) on the host -> (N, H) on the host, in the shard's dtype."""
+        if stateful and self.graphs is not None and self.graphs.can_run(hidden, layout, layers):
+            self.steps["graph"] += 1
+            out = self.graphs.run(hidden, layout, layers)
+        else:
+            self.steps["eager"] += 1
+            out = self.shard.forward(hidden.to(self.device, non_blocking=True), layout,
+                                     self.cache if stateful else None, layers=layers)
+        return self._to_host(out)
+
+    def _to_host(self, out: torch.Tensor) -> torch.Tensor:
+        if out.device.type != "cuda":
+            return out
+        n = out.numel()
+        if self._staging is None or self._staging.numel() < n:
+            self._staging = torch.empty(max(n, 1 << 16), dtype=out.dtype, pin_memory=True)
+        host = self._staging[:n].view(out.shape)
+        host.copy_(out, non_blocking=True)
+        torch.cuda.current_stream(out.device).synchronize()
+        return host.clone()  # the staging buffer is reused by the next batch
+
+    def copy_page(self, src: int, dst: int) -> None:
+        """Copy-on-write of a shared page: its KV in every layer and its stored output rows."""
+        for k, v in zip(self.cache.k, self.cache.v):
+            k[dst].copy_(k[src])
+            v[dst].copy_(v[src])
+        self.page_outputs.copy(src, dst)
+
+    def measure_throughput(self, steps: int = 8) -> float:
+        """Decode tokens per second of one sequence through every served layer, on the serving path.
+
+        Uses the engine's own cache pages 0..k (the pool is still empty at start-up and after a move)
+        and `run_batch`, so a CUDA peer announces its graph speed, not its eager speed.
+        """
+        ps = self.page_size
+        pages = -(-(THROUGHPUT_CONTEXT + steps + 1) // ps)
+        if pages > self.cache.num_pages:
+            return 0.0  # a pool too small to measure in; routing treats 0 as unknown
+        table = list(range(pages))
+        span = (self.layers.start, self.layers.end)
+        hidden = self.shard.config.hidden_size
+        prompt = torch.randn(THROUGHPUT_CONTEXT, hidden, dtype=self.shard.dtype)  # (T, H)
+        self.run_batch(prompt, BatchLayout([THROUGHPUT_CONTEXT], [0], [table], ps), span, True)
+        timings = []
+        for i in range(steps):
+            token = torch.randn(1, hidden, dtype=self.shard.dtype)  # (1, H)
+            layout = BatchLayout.decode([THROUGHPUT_CONTEXT + i], [table], ps)
+            started = time.perf_counter()
+            self.run_batch(token, layout, span, True)  # returns on the host: includes the device sync
+            timings.append(time.perf_counter() - started)
+        self.steps.clear()
+        return 1.0 / max(statistics.median(timings[1:]), 1e-6)
