@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,10 @@ def start_monitor(initial_peer: str, port: int, log_dir: Path) -> subprocess.Pop
     )
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT, help="What to ask the model.")
@@ -42,6 +47,8 @@ def main() -> int:
     parser.add_argument("--stay", action="store_true",
                         help="Keep the swarm and the monitor page running after the answer, until Ctrl-C.")
     args = parser.parse_args()
+    # SIGTERM (a supervisor, `kill`, an IDE's stop button) stops the swarm exactly as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
 
     from client import DistributedModel
     from client.local_swarm import LocalSwarm

@@ -1,0 +1,122 @@
+"""No orphans: `kill -9` of a peer, a DHT node or the monitor leaves no DHT child or p2pd behind.
+
+Before (2026-11-30) each kill left the DHT process (~250 MB) and p2pd running under pid 1.
+Real processes; their helpers are listed with psutil before the kill and must all be gone after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from swarm.dht import SwarmNode
+
+GONE_WITHIN = 8.0  # seconds; the DHT child polls its parent every 0.25 s, p2pd dies with it
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _helpers_when_up(pid: int, timeout: float = 90.0) -> list[psutil.Process]:
+    """Descendants of `pid` once its p2pd runs (the DHT node is up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        helpers = psutil.Process(pid).children(recursive=True)
+        if any(h.name() == "p2pd" for h in helpers):
+            return helpers
+        time.sleep(0.2)
+    raise TimeoutError(f"process {pid} started no p2pd within {timeout} s")
+
+
+def _kill_and_check(pid: int, helpers: list[psutil.Process]) -> None:
+    assert {h.name() for h in helpers} >= {"p2pd"}, helpers
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + GONE_WITHIN
+    while any(_alive(h) for h in helpers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [f"{h.pid}:{h.name()}" for h in helpers if _alive(h)]
+    for h in helpers:  # never leave them to the next test, whatever the outcome
+        with contextlib.suppress(psutil.Error):
+            h.kill()
+    assert not left, f"still running {GONE_WITHIN} s after kill -9 of their parent: {left}"
+
+
+def _spawn(args: list[str], log) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=log,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+
+
+def _run_and_kill(args: list[str], tmp_path) -> None:
+    with open(tmp_path / "process.log", "w") as log:
+        proc = _spawn(args, log)
+        try:
+            _kill_and_check(proc.pid, _helpers_when_up(proc.pid))
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def test_kill_9_of_swarm_peer_dht_leaves_nothing(tmp_path) -> None:
+    _run_and_kill(["peer.cli", "dht"], tmp_path)
+
+
+def test_kill_9_of_swarm_peer_serve_leaves_nothing(local_swarm, tiny_model) -> None:
+    local_swarm.start_dht()
+    peer = local_swarm.start_peer(tiny_model, "0:2")
+    _kill_and_check(peer.pid, peer.descendants())
+
+
+def test_kill_9_of_swarm_monitor_leaves_nothing(swarm_node_factory, tmp_path) -> None:
+    bootstrap = swarm_node_factory()
+    _run_and_kill(["client.monitor.cli", "--initial-peers", bootstrap.visible_maddrs()[0], "--port", "0"], tmp_path)
+
+
+def test_p2pd_dies_with_a_killed_dht_child(swarm_node_factory) -> None:
+    node: SwarmNode = swarm_node_factory()
+    helpers = _helpers_when_up(node.dht.pid, timeout=10)
+    os.kill(node.dht.pid, signal.SIGKILL)
+    deadline = time.monotonic() + GONE_WITHIN
+    while any(_alive(h) for h in helpers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [h for h in helpers if _alive(h)], "p2pd outlived its DHT process"
+
+
+@pytest.mark.slow
+def test_demo_stops_everything_on_sigterm(demo_model, tmp_path) -> None:
+    """SIGTERM to `make demo` (client/demo.py --stay) stops its DHT node, peers and monitor, as Ctrl-C does."""
+    with open(tmp_path / "demo.log", "w") as log:
+        proc = _spawn(["client.demo", "--stay", "--max-new-tokens", "4", "--monitor-port", "0"], log)
+    descendants: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if "swarm running" in (tmp_path / "demo.log").read_text(errors="replace"):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, (tmp_path / "demo.log").read_text(errors="replace")[-3000:]
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        assert sum(p.name() == "p2pd" for p in descendants) >= 4  # dht, 2 peers, monitor (+ the client's)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in descendants) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = [f"{p.pid}:{p.name()}" for p in descendants if _alive(p)]
+        assert not left, f"left running after SIGTERM to the demo: {left}"
+    finally:
+        for p in descendants:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        proc.kill()
+        proc.wait()
