@@ -8,7 +8,7 @@ built once per step (Python loops over sequences happen here, not in the layers)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -24,6 +24,7 @@ class LayoutTensors:
     slots: torch.Tensor | None  # (N,) flat cache slot (page * page_size + offset) for new K/V
     key_slots: torch.Tensor | None  # (B, L) flat cache slot of each key; None when stateless
     key_rows: torch.Tensor | None  # (KVH * B * L,) rows of the (slots * KVH, D) cache view, head-major
+    window: int | None = None  # sliding window the mask applies (keys older than `window` are hidden)
 
 
 @dataclass
@@ -63,11 +64,21 @@ class BatchLayout:
     def num_tokens(self) -> int:
         return sum(self.new_tokens)
 
-    def tensors(self, device: torch.device | str, num_kv_heads: int = 1) -> LayoutTensors:
-        """Derived index tensors, built on first use per (device, KV heads) and reused by every layer."""
-        key = f"{device}/{num_kv_heads}"
+    def tensors(self, device: torch.device | str, num_kv_heads: int = 1, window: int | None = None) -> LayoutTensors:
+        """Derived index tensors, built on first use per (device, KV heads, window) and reused by every layer.
+
+        With a `window`, a query at position p sees keys p - window < j <= p (transformers'
+        sliding window); the index tensors are shared with the full-attention ones.
+        """
+        key = f"{device}/{num_kv_heads}/{window}"
         if key not in self._tensors:
-            self._tensors[key] = self._build(torch.device(device), num_kv_heads)
+            if window is None:
+                self._tensors[key] = self._build(torch.device(device), num_kv_heads)
+            else:
+                full = self.tensors(device, num_kv_heads)
+                mask = self._mask(window)
+                mask = None if bool(mask.all()) else mask.to(device)
+                self._tensors[key] = replace(full, mask=mask, window=window)
         return self._tensors[key]
 
     def _build(self, device: torch.device, num_kv_heads: int) -> LayoutTensors:
@@ -85,14 +96,11 @@ class BatchLayout:
 
         if self.page_tables is None:
             # Keys are this step's own tokens: key j sits at padded column j.
-            key_pos = t  # (L=T,)
-            q_pos, key_len = t, new
             slots = key_slots = key_rows = None
         else:
             total = cached + new  # (B,)
             L = int(total.max())
             key_pos = torch.arange(L)  # (L,)
-            q_pos, key_len = cached[:, None] + t[None, :], total  # (B, T), (B,)
             # Padded page table (B, P): position j of sequence b is slot table[b, j // ps] * ps + j % ps.
             P = max(len(p) for p in self.page_tables)
             table = torch.tensor([p + [0] * (P - len(p)) for p in self.page_tables], dtype=torch.long)  # (B, P)
@@ -104,10 +112,7 @@ class BatchLayout:
             # over (KVH * B) without copying the gathered K/V again to transpose them.
             heads = torch.arange(num_kv_heads)[:, None, None]  # (KVH, 1, 1)
             key_rows = (key_slots[None] * num_kv_heads + heads).reshape(-1)  # (KVH * B * L,)
-        q_pos = torch.as_tensor(q_pos).expand(B, T)  # (B, T)
-        mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < key_len[:, None, None])
-        # Padded query rows are dropped later; let them see key 0 so softmax stays finite.
-        mask = (mask | ~valid_q[:, :, None] & (key_pos == 0)[None, None, :])[:, None]  # (B, 1, T, L)
+        mask = self._mask(None)  # (B, 1, T, L)
 
         def dev(x: torch.Tensor | None) -> torch.Tensor | None:
             return None if x is None else x.to(device)
@@ -121,3 +126,22 @@ class BatchLayout:
             key_slots=dev(key_slots),
             key_rows=dev(key_rows),
         )
+
+    def _mask(self, window: int | None) -> torch.Tensor:
+        """(B, 1, T, L) True = may attend: causal, within each sequence's keys, and inside `window`."""
+        new = torch.tensor(self.new_tokens, dtype=torch.long)  # (B,)
+        cached = torch.tensor(self.cached_tokens, dtype=torch.long)  # (B,)
+        B, T = len(self.new_tokens), int(new.max())
+        t = torch.arange(T)  # (T,)
+        valid_q = t[None, :] < new[:, None]  # (B, T)
+        if self.page_tables is None:
+            key_pos, q_pos, key_len = t, t[None, :].expand(B, T), new  # keys are this step's own tokens
+        else:
+            key_len = cached + new  # (B,)
+            key_pos, q_pos = torch.arange(int(key_len.max())), cached[:, None] + t[None, :]  # (L,), (B, T)
+        k, q = key_pos[None, None, :], q_pos[:, :, None]  # (1, 1, L), (B, T, 1)
+        mask = (k <= q) & (k < key_len[:, None, None])  # (B, T, L)
+        if window is not None:
+            mask &= k > q - window
+        # Padded query rows are dropped later; let them see key 0 so softmax stays finite.
+        return (mask | ~valid_q[:, :, None] & (key_pos == 0)[None, None, :])[:, None]  # (B, 1, T, L)

@@ -1,4 +1,8 @@
-"""ModelHead: the client's share of the model (embeddings, final norm, LM head), no decoder layers."""
+"""ModelHead: the client's share of the model (embeddings, final norm, LM head), no decoder layers.
+
+Family quirks of the head live here, so the client needs none: Gemma scales embeddings by
+sqrt(hidden_size), norms with (1 + weight) and (Gemma 2) soft-caps the logits.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ class ModelHead(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = nn.Parameter(embed, requires_grad=False)  # (V, H)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.unit_offset_norms)
         self.norm.weight = nn.Parameter(norm, requires_grad=False)  # (H,)
         # Tied checkpoints share one tensor, so the LM head costs no extra memory.
         self.lm_head = self.embedding if lm_head is embed else nn.Parameter(lm_head, requires_grad=False)  # (V, H)
@@ -44,11 +48,16 @@ class ModelHead(nn.Module):
 
     @torch.inference_mode()
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(...,) token ids -> (..., H)."""
-        return F.embedding(input_ids.to(self.embedding.device), self.embedding)
+        """(...,) token ids -> (..., H), times the family's embedding scale (rounded to the dtype, as HF)."""
+        x = F.embedding(input_ids.to(self.embedding.device), self.embedding)
+        if self.config.embed_scale is not None:
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        return x
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., H) last hidden states -> (..., V); the final norm is applied here."""
+        """(..., H) last hidden states -> (..., V); the final norm (and any soft-capping) is applied here."""
         x = hidden.to(device=self.embedding.device, dtype=self.embedding.dtype)
-        return F.linear(self.norm(x), self.lm_head)  # (..., V)
+        logits = F.linear(self.norm(x), self.lm_head)  # (..., V)
+        cap = self.config.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

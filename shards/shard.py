@@ -8,9 +8,9 @@ import torch
 from torch import nn
 
 from shards.batch import BatchLayout
-from shards.block import DecoderBlock
 from shards.config import ModelConfig
 from shards.errors import CheckpointError
+from shards.families import block_class
 from shards.kv_cache import KVCache
 from shards.loading import fingerprint, load_tensors, require, tensor_files
 from shards.rotary import Rotary
@@ -26,8 +26,10 @@ class Shard(nn.Module):
         # Built on the meta device: real weights are assigned by `from_pretrained`, so no
         # throwaway random init is allocated.
         with torch.device("meta"):
-            self.blocks = nn.ModuleList(DecoderBlock(config) for _ in range(start, end))
-        self.rotary = Rotary(config, device)
+            self.blocks = nn.ModuleList(block_class(config, i)(config, i) for i in range(start, end))
+        self.rotary = Rotary(config, device)  # global layers (every layer but Gemma 3's sliding ones)
+        # Gemma 3's sliding layers rotate with their own base frequency.
+        self.local_rotary = Rotary(config, device, local=True) if any(b.local_rope for b in self.blocks) else None
         self.fingerprint = ""
 
     @classmethod
@@ -49,15 +51,21 @@ class Shard(nn.Module):
                 f"(valid ranges are a:b with 0 <= a < b <= {config.num_layers})"
             )
         files = tensor_files(path)
-        names = [n for layer in range(start, end) for n in DecoderBlock.hf_tensor_names(config, layer)]
+        names = [n for layer in range(start, end) for n in block_class(config, layer).hf_tensor_names(config, layer)]
         require(files, names, path, f"layers {start}:{end}")
         shard = cls(config, start, end, dtype, torch.device(device))
         for layer, block in zip(range(start, end), shard.blocks):
             # One layer at a time keeps peak memory near one layer's worth of temporaries.
-            names_i = DecoderBlock.hf_tensor_names(config, layer)
+            names_i = type(block).hf_tensor_names(config, layer)
             block.load_hf(config, layer, load_tensors(files, names_i, dtype, device))
         shard.fingerprint = fingerprint(files, names, extra=f"{config!r}|{start}:{end}")
         return shard.eval()
+
+    @property
+    def supports_fused_decode(self) -> bool:
+        """Whether `shards.cuda_graphs.decode_forward` (plain llama math, RoPE from `rotary.inv_freq`
+        alone) computes exactly these blocks: llama, qwen2, mistral without a sliding window."""
+        return self.rotary.static and self.local_rotary is None and all(b.supports_fused_decode for b in self.blocks)
 
     def new_cache(self, num_pages: int, page_size: int = 16) -> KVCache:
         c = self.config
@@ -82,12 +90,17 @@ class Shard(nn.Module):
         if hidden.shape != (layout.num_tokens, self.config.hidden_size):
             raise ValueError(f"hidden {tuple(hidden.shape)} != ({layout.num_tokens}, {self.config.hidden_size})")
         lt = layout.tensors(self.device, self.config.num_kv_heads)
-        cos, sin = self.rotary.cos_sin(lt.positions, self.dtype)  # (N, 1, D) each
+        rope = {False: self.rotary.cos_sin(lt.positions, self.dtype, lt)}  # (N, 1, D) each
+        if self.local_rotary is not None:
+            rope[True] = self.local_rotary.cos_sin(lt.positions, self.dtype, lt)
         x = hidden.to(device=self.device, dtype=self.dtype)  # (N, hidden)
         stateless = layout.page_tables is None
         for layer in range(a, b):
             i = layer - self.start
             k_cache = None if stateless else cache.k[i]  # type: ignore[union-attr]
             v_cache = None if stateless else cache.v[i]  # type: ignore[union-attr]
-            x = self.blocks[i](x, cos, sin, lt, k_cache, v_cache)
+            block = self.blocks[i]
+            cos, sin = rope[block.local_rope]
+            lt_i = lt if block.window is None else layout.tensors(self.device, self.config.num_kv_heads, block.window)
+            x = block(x, cos, sin, lt_i, k_cache, v_cache)
         return x

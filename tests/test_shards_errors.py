@@ -80,8 +80,8 @@ def test_unsupported_model_type(tiny_model: Path, tmp_path: Path) -> None:
 
 def test_unsupported_rope_type(tiny_model: Path) -> None:
     config = ModelConfig.from_pretrained(tiny_model)
-    with pytest.raises(UnsupportedModelError, match="yarn"):
-        inverse_frequencies(dataclasses.replace(config, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    with pytest.raises(UnsupportedModelError, match="mrope"):
+        inverse_frequencies(dataclasses.replace(config, rope_scaling={"rope_type": "mrope", "factor": 4.0}))
     linear = dataclasses.replace(config, rope_scaling={"rope_type": "linear", "factor": 4.0})
     torch.testing.assert_close(inverse_frequencies(linear), inverse_frequencies(config) / 4)
 

@@ -1,0 +1,68 @@
+"""Mixture of experts (Mixtral, Qwen3-MoE): a router picks top-k experts per token.
+
+`MoEBlock` is a DecoderBlock whose MLP is `router` + `experts` (a ModuleList of `Expert`, each a
+gated MLP with the same fused `w_gate_up` / `w_down` linears as the dense block, so weight-only
+quantization swaps them the same way). Tokens are grouped by expert: one sort per layer, then
+one batched matmul pair per expert that any token of the step chose.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from shards.block import DecoderBlock
+from shards.config import ModelConfig
+
+
+class Expert(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.w_gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.w_down = nn.Linear(intermediate, hidden, bias=False)
+
+
+class MoEBlock(DecoderBlock):
+    def init_mlp(self, c: ModelConfig) -> None:
+        self.top_k, self.norm_topk_prob = c.num_experts_per_tok, c.norm_topk_prob
+        self.router = nn.Linear(c.hidden_size, c.num_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(c.hidden_size, c.expert_intermediate_size) for _ in range(c.num_experts))
+
+    def mlp(self, h: torch.Tensor) -> torch.Tensor:
+        """Normed h (N, hidden) -> sum over each token's top-k experts of weight * expert(h)."""
+        N = h.shape[0]
+        probs = self.router(h).float().softmax(dim=-1)  # (N, E), float32 as in HF
+        weights, chosen = probs.topk(self.top_k, dim=-1)  # (N, k) each
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        flat = chosen.reshape(-1)  # (N*k,) expert of each (token, slot)
+        order = flat.argsort(stable=True)  # (N*k,) grouped by expert
+        rows = order // self.top_k  # (N*k,) token of each grouped entry
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()  # one host sync per layer
+        w = weights.reshape(-1).index_select(0, order)  # (N*k,)
+        out = torch.zeros_like(h)  # (N, hidden)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            idx = rows[start : start + n]  # (n,)
+            expert = self.experts[e]
+            gate, up = expert.w_gate_up(h.index_select(0, idx)).chunk(2, dim=-1)  # (n, I) each
+            y = expert.w_down(self.act(gate) * up)  # (n, hidden)
+            out.index_add_(0, idx, (y.float() * w[start : start + n, None]).to(h.dtype))
+            start += n
+        assert start == N * self.top_k
+        return out
+
+    @classmethod
+    def mlp_weight_map(cls, config: ModelConfig, layer: int) -> dict[str, list[str]]:
+        if config.model_type == "mixtral":  # w1 = gate, w3 = up, w2 = down
+            moe, gate, up, down, router = "block_sparse_moe", "w1", "w3", "w2", "gate"
+        else:  # qwen3_moe
+            moe, gate, up, down, router = "mlp", "gate_proj", "up_proj", "down_proj", "gate"
+        m = {"router.weight": [f"{moe}.{router}.weight"]}
+        for e in range(config.num_experts):
+            p = f"{moe}.experts.{e}."
+            m[f"experts.{e}.w_gate_up.weight"] = [f"{p}{gate}.weight", f"{p}{up}.weight"]
+            m[f"experts.{e}.w_down.weight"] = [f"{p}{down}.weight"]
+        return m
