@@ -1,16 +1,24 @@
-"""choose_route: spread sessions over parallel routes in proportion to spare capacity.
+"""choose_route: spread sessions over parallel routes so that a busy swarm serves near its max flow.
 
 plan_route gives every client the same fastest route, so under load its peers queue while
-parallel peers idle. Here a busy swarm is treated as a flow: peer p offers w_p = its
-throughput x its spare fraction (free KV pages / all pages, as announced) x penalties, and
-each layer l splits the sessions crossing it in proportion, x[p][l] = w_p / S_l with
-S_l = sum of w over the servers of l. sample_route draws one route whose chance of using p
-at layer l is exactly x[p][l], with as few peer switches as that allows: at each boundary
-a route stays on its peer with probability min(1, x[p][l] / x[p][l-1]) and otherwise
-switches to a peer q with probability proportional to the share q gains there,
-max(0, x[q][l] - x[q][l-1]). (By induction the mass on p at l is min(x_prev, x) +
-max(0, x - x_prev) = x[p][l].) A swarm whose announced load is stale still spreads: the
-next announcement corrects the weights.
+parallel peers idle. Here a busy swarm is treated as a flow. Each peer offers spare
+capacity c_p = its throughput x its layers x its spare fraction (free KV pages / all pages,
+as announced) x penalties. Each layer l splits the sessions crossing it in proportion to
+per-peer weights, x[p][l] = w_p / S_l with S_l = sum of w over the servers of l; one weight
+per peer keeps a route on a peer for its whole range unless the split changes.
+
+flow_weights picks w: starting from w_p = c_p / k_p (spare throughput), it repeats
+w_p *= F_p / F, where F_p is the flow at which peer p would be full under the current split
+and F the smallest of them (the flow the split can carry). Underused peers gain share until
+the peers are equally full; on random swarms 40 rounds reach 98-100% of the exact max flow
+(routing.flow; tests/test_routing_spread.py), in O(rounds x (peers + layers)).
+
+sample_route draws one route whose chance of using p at layer l is exactly x[p][l]/sum, with
+as few peer switches as that allows: at each boundary a route stays on its peer with
+probability min(1, x[p][l] / x[p][l-1]) and otherwise switches to a peer q with probability
+proportional to the share q gains there, max(0, x[q][l] - x[q][l-1]). (By induction the mass
+on p at l is min(x_prev, x) + max(0, x - x_prev) = x[p][l].) Announced load lags by an
+announce period; the next announcement corrects the weights.
 
 When the fastest route still has room (every peer on it at least IDLE_SPARE free), adding a
 session there barely slows anyone, and a session's latency is what matters: choose_route
@@ -20,7 +28,7 @@ then returns plan_route's answer.
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from routing.costs import RouteCosts
 from routing.route import NoRouteError, _uncovered, plan_route
@@ -39,6 +47,15 @@ DRAINING_FACTOR = 1e-6
 BANNED_FACTOR = 1e-9
 # Shares this close count as unchanged (no switch for float noise).
 SHARE_EPSILON = 1e-12
+# Rounds of flow_weights: 40 reach within 2.3% of the max flow on every random swarm tested
+# (mean 99.9%), at ~40 x (peers + layers) steps, a few ms for 1,000 peers.
+FLOW_ROUNDS = 40
+# Weights are kept within this factor of the largest: a sole server's weight does not matter
+# (it carries its layers alone), and letting it drift to 0 would make its layers' S_l vanish.
+WEIGHT_FLOOR = 1e-12
+# One round changes a weight by at most this factor, so one extreme peer (a sole server near
+# zero capacity) cannot swing the others by orders of magnitude at once.
+MAX_STEP = 10.0
 
 
 def spare_fraction(record: PeerRecord) -> float:
@@ -87,14 +104,15 @@ def sample_route(
     uncovered = _uncovered(peers, start, end)
     if uncovered:
         raise NoRouteError(view.model, uncovered)
-    weights = [route_weight(r, banned.get(r.peer_id, 0.0), pages_needed) for r in peers]
     n = end - start
+    spans = [LayerRange(max(r.layers.start, start) - start, min(r.layers.end, end) - start) for r in peers]
+    capacities = [route_weight(r, banned.get(r.peer_id, 0.0), pages_needed) * len(r.layers) for r in peers]
+    weights = flow_weights(spans, capacities, n)
     starting_at: list[list[int]] = [[] for _ in range(n)]
     total = [0.0] * n  # S_l
-    for index, r in enumerate(peers):
-        lo, hi = max(r.layers.start, start) - start, min(r.layers.end, end) - start
-        starting_at[lo].append(index)
-        for layer in range(lo, hi):
+    for index, span in enumerate(spans):
+        starting_at[span.start].append(index)
+        for layer in range(span.start, span.end):
             total[layer] += weights[index]
 
     def ends(index: int) -> int:
@@ -124,6 +142,36 @@ def sample_route(
         last = route[position + 1][1] if position + 1 < len(route) else n
         hops.append(Hop(peers[index].peer_id, LayerRange(first + start, last + start)))
     return tuple(hops)
+
+
+def flow_weights(spans: Sequence[LayerRange], capacities: Sequence[float], num_layers: int) -> list[float]:
+    """Per-peer weights whose per-layer proportional split carries (nearly) the max flow.
+
+    `spans` are the peers' layers within [0, num_layers), which they must cover; `capacities`
+    their spare layer-tokens/s (> 0). See the module docstring for the iteration.
+    """
+    weights = [c / len(span) for span, c in zip(spans, capacities)]
+    best, best_flow = weights, -1.0
+    for _ in range(FLOW_ROUNDS + 1):
+        delta = [0.0] * (num_layers + 1)
+        for span, w in zip(spans, weights):
+            delta[span.start] += w
+            delta[span.end] -= w
+        inverse = [0.0] * (num_layers + 1)  # prefix sums of 1 / S_l
+        running = 0.0
+        for layer in range(num_layers):
+            running += delta[layer]
+            inverse[layer + 1] = inverse[layer] + 1.0 / running
+        # Peer p carries w_p * sum_{l in p} 1/S_l per unit of flow: full at F_p.
+        full_at = [c / (w * (inverse[span.end] - inverse[span.start]))
+                   for span, c, w in zip(spans, capacities, weights)]
+        flow = min(full_at)
+        if flow > best_flow:
+            best, best_flow = weights, flow
+        steps = [min(MAX_STEP, f / flow) for f in full_at]
+        top = max(w * step for w, step in zip(weights, steps))
+        weights = [max(w * step / top, WEIGHT_FLOOR) for w, step in zip(weights, steps)]
+    return best
 
 
 def choose_route(

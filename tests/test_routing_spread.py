@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from routing import NoRouteError, plan_route
-from routing.spread import choose_route, route_weight, sample_route
+from routing.flow import max_flow_of
+from routing.spread import choose_route, flow_weights, route_weight, sample_route
 from swarm.types import LayerRange, PeerRecord, PeerState
 from tests.routing_helpers import hops, rec, view
 
@@ -29,18 +30,49 @@ def layer_shares(v, routes: list, num_layers: int) -> list[Counter]:
     return out
 
 
-def test_each_layer_splits_in_proportion_to_spare_throughput() -> None:
+def test_routes_use_each_peer_on_each_layer_as_often_as_its_weight_says() -> None:
     v = view(6, busy("a", "0:6", 10.0, 50), busy("b", "0:3", 10.0, 100), busy("c", "3:6", 30.0, 50),
              busy("d", "2:5", 5.0, 20))
     rng = random.Random(1)
     routes = [sample_route(v, rng) for _ in range(4000)]
     shares = layer_shares(v, routes, 6)
-    weights = {p: route_weight(r, 0.0, 0) for p, r in v.records.items()}
+    names = sorted(v.records)
+    spans = [v.records[p].layers for p in names]
+    weights = dict(zip(names, flow_weights(spans, [route_weight(v.records[p], 0.0, 0) * len(s) for p, s in
+                                                   zip(names, spans)], 6)))
     for layer in range(6):
-        servers = [p for p, r in v.records.items() if layer in r.layers]
+        servers = [p for p in names if layer in v.records[p].layers]
         total = sum(weights[p] for p in servers)
         for p in servers:
             assert shares[layer][p] / 4000 == pytest.approx(weights[p] / total, abs=0.03), (layer, p)
+
+
+def carried(spans: list[LayerRange], capacities: list[float], weights: list[float], n: int) -> float:
+    """The flow a proportional split by `weights` carries before its first peer is full."""
+    totals = [sum(w for s, w in zip(spans, weights) if layer in s) for layer in range(n)]
+    return min(c / sum(w / totals[layer] for layer in range(s.start, s.end))
+               for s, c, w in zip(spans, capacities, weights))
+
+
+def test_flow_weights_carry_nearly_the_max_flow_on_random_swarms() -> None:
+    rng = random.Random(0)
+    ratios = []
+    for _ in range(200):
+        n = rng.randint(2, 30)
+        spans, caps = [], []
+        for _ in range(rng.randint(1, 15)):
+            k = rng.randint(1, n)
+            s = rng.randint(0, n - k)
+            spans.append(LayerRange(s, s + k))
+            caps.append(rng.uniform(1, 10) * k)
+        if any(not any(layer in s for s in spans) for layer in range(n)):
+            continue
+        best = max_flow_of(list(zip(spans, caps)), n)
+        even = carried(spans, caps, [c / len(s) for s, c in zip(spans, caps)], n)
+        got = carried(spans, caps, flow_weights(spans, caps, n), n)
+        assert even - 1e-9 <= got <= best * (1 + 1e-6)
+        ratios.append(got / best)
+    assert min(ratios) > 0.97 and sum(ratios) / len(ratios) > 0.995
 
 
 def test_routes_switch_peers_only_where_the_split_changes() -> None:
