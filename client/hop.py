@@ -4,10 +4,17 @@ The inputs are kept per sequence, so when the peer dies a replacement can be reb
 replaying them as one prefill; `truncate` cuts them like the peer cuts its cache. Token ids
 sent with the steps are kept too (`token_history`), so the replay lets the replacement share
 cached prefix pages as well.
+
+Push binding: each hop has a secret `push_token` chosen here; `open` (or, after the hop before
+it was replaced, the next relayed step) tells the peer which upstream peer may push into the
+session and with which token, so nobody else who learns the session id can inject steps.
+Results are checked before use: the row count of the step, the hidden size sent, all finite;
+a bad result is a hop failure (`bad_reply`), so the session bans the peer and fails over.
 """
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -16,7 +23,7 @@ import torch
 from swarm import messages as m
 from swarm.codec import encode_tensor
 from swarm.connection import PeerStream
-from swarm.errors import ConnectionClosed, RemoteError
+from swarm.errors import ConnectionClosed, ProtocolError, RemoteError
 from swarm.types import LayerRange, PeerRecord
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -41,6 +48,9 @@ class HopSession:
         self.token_history: list[list[int] | None] = [[] for _ in range(batch)]
         self.lengths = [0] * batch
         self.stream: PeerStream | None = None
+        self.push_token = secrets.token_hex(16)
+        self.upstream: str | None = None  # the peer this session accepts pushes from (told to the peer)
+        self._expected: dict[int, tuple[int, int]] = {}  # step id -> (rows, hidden size) of its result
 
     def __repr__(self) -> str:
         return f"HopSession({self.peer_id[-8:]}, layers {self.layers})"
@@ -50,13 +60,17 @@ class HopSession:
             raise ConnectionClosed(f"session with {self.peer_id} is closed", clean=True)
         return self.stream
 
-    async def open(self, open_stream: Callable[[str], Awaitable[PeerStream]], timeout: float) -> None:
+    async def open(
+        self, open_stream: Callable[[str], Awaitable[PeerStream]], timeout: float, upstream: str | None = None
+    ) -> None:
+        """`upstream`: the peer of the hop before this one, the only one allowed to push into it."""
         self.stream = await open_stream(self.peer_id)
-        reply = await self.stream.request(
-            {"type": m.OPEN, "session_id": self.session_id, "max_length": self.max_length,
-             "batch": self.batch, "layers": [self.layers.start, self.layers.end]},
-            timeout,
-        )
+        msg = {"type": m.OPEN, "session_id": self.session_id, "max_length": self.max_length,
+               "batch": self.batch, "layers": [self.layers.start, self.layers.end]}
+        if upstream is not None:
+            msg.update(push_from=upstream, push_token=self.push_token)
+        reply = await self.stream.request(msg, timeout)
+        self.upstream = upstream
         if reply.get("type") != m.OPENED:
             raise RemoteError("bad_reply", f"expected 'opened', got {reply.get('type')!r}", True, self.peer_id)
 
@@ -65,10 +79,15 @@ class HopSession:
         hidden: torch.Tensor,
         new_tokens: list[int],
         step_id: int,
-        chain: list[tuple[str, str]] = (),
+        chain: list[tuple[str, str, str]] = (),
         token_ids: list[list[int]] | None = None,
+        upstream: str | None = None,
     ) -> None:
-        """`token_ids` (optional, per sequence: the ids of its new positions) let the peer share prefix pages."""
+        """`token_ids` (optional, per sequence: the ids of its new positions) let the peer share prefix pages.
+
+        `chain`: (peer id, session id, push token) of the hops after this one, for push mode.
+        `upstream`: the peer of the hop before this one now; a change (failover) re-binds pushes.
+        """
         stream = self._stream()
         msg = {"type": m.STEP, "step_id": step_id, "hidden": encode_tensor(hidden.to(self.wire_dtype)),
                "new_tokens": new_tokens, "positions": list(self.lengths)}
@@ -76,6 +95,10 @@ class HopSession:
             msg["token_ids"] = [list(map(int, ids)) for ids in token_ids]
         if chain:
             msg["next"] = [list(hop) for hop in chain]
+        if upstream is not None and upstream != self.upstream:
+            msg.update(push_from=upstream, push_token=self.push_token)
+            self.upstream = upstream
+        self._expected = {step_id: (hidden.shape[0], hidden.shape[1])}  # one step in flight per hop
         await stream.send(msg)
 
     async def recv_result(self, step_id: int, timeout: float) -> torch.Tensor:
@@ -89,11 +112,28 @@ class HopSession:
                     continue  # about the NEXT hop, which the client notices on that hop's stream
                 raise
             if reply.get("type") == m.RESULT and reply.get("step_id") == step_id:
-                hidden = m.require_tensor(reply, "hidden", stream.limits, ndim=2)
+                try:
+                    hidden = m.require_tensor(reply, "hidden", stream.limits, ndim=2)
+                except ProtocolError as e:  # a malformed result is the peer's failure, like a wrong one
+                    raise RemoteError("bad_reply", f"result of step {step_id}: {e}", True, self.peer_id) from e
+                self._check_result(step_id, hidden)
                 return hidden.to(torch.float32)
             if reply.get("type") == m.RESULT and isinstance(reply.get("step_id"), int) and reply["step_id"] < step_id:
                 continue
             raise RemoteError("bad_reply", f"unexpected reply {reply.get('type')!r} to step {step_id}", True, self.peer_id)
+
+    def _check_result(self, step_id: int, hidden: torch.Tensor) -> None:
+        """A result of the wrong shape or with NaN/inf is this peer's failure: it gets banned, never used."""
+        expected = self._expected.get(step_id)
+        why = None
+        if expected is not None and tuple(hidden.shape) != expected:
+            why = f"result of step {step_id} has shape {tuple(hidden.shape)}, expected {expected}"
+        elif hidden.is_floating_point() and not torch.isfinite(hidden).all():
+            why = f"result of step {step_id} contains NaN or infinity"
+        elif not hidden.is_floating_point():
+            why = f"result of step {step_id} has dtype {hidden.dtype}, not a float type"
+        if why is not None:
+            raise RemoteError("bad_reply", why, True, self.peer_id)
 
     def record_inputs(
         self, hidden: torch.Tensor, new_tokens: list[int], token_ids: list[list[int]] | None = None

@@ -22,11 +22,16 @@ import torch
 from client.errors import SwarmError, is_hop_failure
 from client.hop import HopSession
 from client.swarm_client import SwarmClient
-from client.verify import find_liar
+from client.verify import check_step, fingerprint_outliers
 from routing import NoRouteError
 from swarm.errors import RemoteError
 
 logger = logging.getLogger(__name__)
+
+# Peers refuse push chains of routes longer than this (peer/handler.py MAX_ROUTE_HOPS); longer
+# routes are relayed by the client.
+MAX_PUSH_HOPS = 16
+
 
 @dataclass
 class SessionStats:
@@ -34,6 +39,7 @@ class SessionStats:
     failovers: int = 0
     retries: int = 0
     caught: int = 0  # hops caught returning wrong results (see client/verify.py)
+    inconclusive: int = 0  # verifications where peers disagreed and nothing decided who was right
 
 
 class InferenceSession:
@@ -78,7 +84,7 @@ class InferenceSession:
             if len(token_ids) != self.batch or [len(ids) for ids in token_ids] != list(new_tokens):
                 raise ValueError(f"token_ids must list new_tokens={new_tokens} ids per sequence")
         timeout = self.swarm.config.step_timeout * (self.swarm.config.max_retries + 2) + 60
-        out = self.swarm.loop.run(self._step(hidden.to(torch.float32), new_tokens, self.push, token_ids),
+        out = self.swarm.loop.run(self._step(hidden.to("cpu", torch.float32), new_tokens, self.push, token_ids),
                                   timeout=timeout)
         self.lengths = [done + n for done, n in zip(self.lengths, new_tokens)]
         self.stats.steps += 1
@@ -139,14 +145,16 @@ class InferenceSession:
             self.hops = await self._open_route()
         step_id = self._new_id()
         index, x = 0, hidden
-        # Verification compares each hop's output before the next hop uses it: relay only.
-        if push and not self.swarm.config.verify and len(self.hops) > 1 and self.lengths[0] > 0:
+        # Verification compares each hop's output before the next hop uses it: relay only. A hop whose
+        # upstream changed (failover) is re-bound by the next relayed step before pushes resume.
+        if (push and not self.swarm.config.verify and 1 < len(self.hops) <= MAX_PUSH_HOPS and self.lengths[0] > 0
+                and all(h.upstream == self._upstream(i) for i, h in enumerate(self.hops) if i)):
             index, x = await self._push_step(x, new_tokens, step_id, token_ids)
         attempts = 0
         while index < len(self.hops):
             hop = self.hops[index]
             try:
-                await hop.send_step(x, new_tokens, step_id, token_ids=token_ids)
+                await hop.send_step(x, new_tokens, step_id, token_ids=token_ids, upstream=self._upstream(index))
                 y = await hop.recv_result(step_id, self._timeout)
             except Exception as e:
                 if not is_hop_failure(e):
@@ -158,14 +166,20 @@ class InferenceSession:
                 await self._replace(index, e, attempts)
                 continue
             if self._should_verify():
-                liar = await find_liar(self.swarm, hop, x, new_tokens, y)
-                if liar is not None:
+                verdict = await check_step(self.swarm, hop, x, new_tokens, y,
+                                           exclude=fingerprint_outliers(await self.swarm.view()))
+                if verdict.liar is not None:
                     self.stats.caught += 1
-                    await self.swarm.distrust(liar, f"wrong output for layers {hop.layers}")
-                    if liar == hop.peer_id:  # redo this hop's step on an honest replacement
-                        attempts += 1
-                        await self._replace(index, SwarmError("returned a wrong result"), attempts)
-                        continue
+                    await self.swarm.distrust(verdict.liar, f"wrong output for layers {hop.layers}")
+                if verdict.inconclusive:
+                    self.stats.inconclusive += 1
+                if not verdict.use:  # redo this hop's step elsewhere; never use a disputed output
+                    attempts += 1
+                    if attempts > self.swarm.config.max_retries:
+                        raise SwarmError(f"layers {hop.layers}: peers kept disagreeing on the result "
+                                         f"({attempts} attempts); not using a disputed output")
+                    await self._replace(index, SwarmError("result disputed by verification"), attempts)
+                    continue
             hop.record_inputs(x, new_tokens, token_ids)
             x = y
             index += 1
@@ -190,7 +204,7 @@ class InferenceSession:
         self, x: torch.Tensor, new_tokens: list[int], step_id: int, token_ids: list[list[int]] | None = None
     ) -> tuple[int, torch.Tensor]:
         """Send once; each hop pushes to the next. Returns (first hop that did not answer, its input)."""
-        chain = [(h.peer_id, h.session_id) for h in self.hops[1:]]
+        chain = [(h.peer_id, h.session_id, h.push_token) for h in self.hops[1:]]
         try:
             await self.hops[0].send_step(x, new_tokens, step_id, chain, token_ids)
         except Exception as e:
@@ -221,7 +235,7 @@ class InferenceSession:
         await asyncio.sleep(min(self.swarm.config.retry_backoff * 2 ** (attempt - 1), 10.0))
         try:
             new_hops = await self._open_span(hop.layers.start, hop.layers.end, history=hop.history,
-                                             history_ids=hop.history_token_ids())
+                                             history_ids=hop.history_token_ids(), upstream=self._upstream(index))
         except Exception as e:
             if isinstance(e, NoRouteError) or is_hop_failure(e):
                 logger.warning("rerouting layers %s failed: %s", hop.layers, e)
@@ -231,14 +245,16 @@ class InferenceSession:
 
     async def _open_span(
         self, start: int, end: int, history: list[list[torch.Tensor]] | None,
-        history_ids: list[list[int]] | None = None,
+        history_ids: list[list[int]] | None = None, upstream: str | None = None,
     ) -> list[HopSession]:
         """Open hops covering [start, end); replay `history` (inputs of layer `start`) into them.
 
         `history_ids` (the token ids of those rows, if known) go with the replay, so the new peers
-        can attach cached prefix pages instead of recomputing them.
+        can attach cached prefix pages instead of recomputing them. `upstream`: the peer of the hop
+        before `start`, which alone may push into the first new hop (each later one: the one before it).
         """
-        route = await self.swarm.plan(start, end, fresh=history is not None)
+        route = await self.swarm.plan(start, end, fresh=history is not None,
+                                      exclude=fingerprint_outliers(await self.swarm.view()))
         view = await self.swarm.view()
         hops: list[HopSession] = []
         x, new_tokens = None, None
@@ -249,8 +265,9 @@ class InferenceSession:
             for planned in route:
                 hop = HopSession(view.records[planned.peer_id], planned.layers, self.batch, self.max_length)
                 hops.append(hop)
-                await asyncio.wait_for(hop.open(self.swarm.open_stream, self._timeout),
+                await asyncio.wait_for(hop.open(self.swarm.open_stream, self._timeout, upstream),
                                        self.swarm.config.connect_timeout + self._timeout)
+                upstream = hop.peer_id
                 if x is not None:
                     replay_id = self._new_id()
                     await hop.send_step(x, new_tokens, replay_id, token_ids=history_ids)
@@ -263,6 +280,9 @@ class InferenceSession:
             await asyncio.gather(*(h.close() for h in hops), return_exceptions=True)
             raise
         return hops
+
+    def _upstream(self, index: int) -> str | None:
+        return self.hops[index - 1].peer_id if index > 0 else None
 
     def _user_error(self, hop: HopSession, error: BaseException) -> BaseException:
         if isinstance(error, RemoteError):

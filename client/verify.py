@@ -1,15 +1,33 @@
-"""Checking untrusted peers: recompute a hop's output on other peers and compare.
+"""Checking untrusted peers: recompute a hop's output on other peers and compare; weed out odd weights.
 
 A verified step sends the hop's whole input so far (its recorded history plus this step) as a
 stateless `forward` through other peers serving the same layers, and compares the rows of this
 step. When they disagree, a third opinion from yet other peers decides: a peer whose output
-disagrees with two others is the liar. With no third opinion to be had the check is
-inconclusive and nobody is blamed (a lone disagreement could be either side's fault).
+disagrees with two others is the liar. Without a decision (no third opinion, or three different
+answers) the step is *inconclusive*, and an inconclusive step is a failure: the session does not
+use the disputed output, it fails the hop over and recomputes the step elsewhere.
+
+How two results are compared (`agree`): row by row, each row against its own scale
+(`|a_r - b_r| <= tol * max(|a_r|, |b_r|)`, L2 norms). A whole-step scale would let one large row
+(the first token's activations are often 20x the others) hide a lie in every other row. `tol` is
+that of the *stricter* dtype of the peers compared (`tolerance`): a liar announcing half
+precision does not loosen the check of its float32 answers by a verifier in float32. Honest
+float32 peers differ by ~1e-6 relative (stateless pass vs cached decode), half precision by
+about 1e-2; see docs/reliability.md for measured figures.
+
+Fingerprints (`fingerprint_outliers`): a peer's announced fingerprint hashes the weights of its
+exact layer range, so only peers announcing the *same* range can be compared. Among those, a
+fingerprint held by a strict majority is taken as the model's; peers announcing another one are
+never routed to. A tie (say one honest peer and one impostor) decides nothing: verification is
+the backstop there. A client could also hash its own copy of the weights, but clients usually
+hold only the embeddings and head, so the majority rule is what every client can apply.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,20 +36,42 @@ from client.errors import SwarmError
 from client.forward import forward_through_swarm
 from client.hop import HopSession
 from routing import NoRouteError
+from swarm.types import SwarmView
 
 if TYPE_CHECKING:
     from client.swarm_client import SwarmClient
 
 logger = logging.getLogger(__name__)
 
-# Relative tolerance by the dtype peers compute in: float32 results of a stateless pass and a
-# cached decode differ by ~1e-6; half precision by ~1e-2. A lie worth catching is far larger.
-TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 3e-2}
+# Relative tolerance per row (L2 norms) by the dtype peers compute in. Honest float32 results of a
+# stateless pass and a cached decode differ by ~1e-6 (relative); bfloat16 by ~1e-2 after many
+# layers. A lie worth catching (one that can change the next token) is far larger.
+TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "bfloat16": 4e-2}
 
 
-def agree(a: torch.Tensor, b: torch.Tensor, dtype: str) -> bool:
-    scale = 1.0 + float(b.abs().max())
-    return float((a - b).abs().max()) <= TOLERANCE.get(dtype, 5e-2) * scale
+def tolerance(*dtypes: str) -> float:
+    """The tolerance of the stricter of these dtypes; an unknown dtype counts as float32 (strictest)."""
+    return min(TOLERANCE.get(d, TOLERANCE["float32"]) for d in dtypes)
+
+
+def row_errors(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per row: |a_r - b_r| / max(|a_r|, |b_r|) (L2), with a tiny floor for all-zero rows. (N,)"""
+    a, b = a.float(), b.float()
+    scale = torch.maximum(a.norm(dim=-1), b.norm(dim=-1)).clamp_min(1e-6)
+    return (a - b).norm(dim=-1) / scale
+
+
+def agree(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+    return a.shape == b.shape and bool((row_errors(a, b) <= tol).all())
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a verification decided: whether the hop's output may be used, and who lied (if known)."""
+
+    use: bool
+    liar: str | None = None
+    inconclusive: bool = False
 
 
 def _step_rows(full: torch.Tensor, lengths: list[int], new_tokens: list[int]) -> torch.Tensor:
@@ -40,34 +80,66 @@ def _step_rows(full: torch.Tensor, lengths: list[int], new_tokens: list[int]) ->
     return torch.cat(parts)
 
 
-async def find_liar(
-    swarm: SwarmClient, hop: HopSession, x: torch.Tensor, new_tokens: list[int], y: torch.Tensor
-) -> str | None:
-    """The id of a peer caught returning a wrong result for this step of `hop`, or None."""
+async def _opinion(
+    swarm: SwarmClient, full: torch.Tensor, lengths: list[int], new_tokens: list[int], hop: HopSession,
+    exclude: set[str], used: list[str],
+) -> torch.Tensor | None:
+    """This step's rows recomputed by peers not in `exclude` (their ids go to `used`), or None."""
+    try:
+        out = await forward_through_swarm(swarm, full, lengths, hop.layers.start, hop.layers.end,
+                                          exclude=exclude, used=used)
+    except (NoRouteError, SwarmError) as e:
+        logger.info("no opinion on layers %s besides %s: %s", hop.layers, sorted(exclude), e)
+        return None
+    if out.shape != full.shape or not torch.isfinite(out).all():
+        logger.warning("peers %s returned a malformed forward result %s; ignoring it", used, tuple(out.shape))
+        for peer_id in used:
+            swarm.ban(peer_id)
+        return None
+    return _step_rows(out, lengths, new_tokens)
+
+
+async def check_step(
+    swarm: SwarmClient, hop: HopSession, x: torch.Tensor, new_tokens: list[int], y: torch.Tensor,
+    exclude: set[str] = frozenset(),
+) -> Verdict:
+    """Recompute this step of `hop` elsewhere and judge its output `y` (peers in `exclude` never asked)."""
     per_seq = [torch.cat([*chunks, rows]) for chunks, rows in zip(hop.history, torch.split(x, new_tokens))]
     full, lengths = torch.cat(per_seq), [t.shape[0] for t in per_seq]
-    span = (hop.layers.start, hop.layers.end)
+    view = await swarm.view()
+
+    def tol(*peers: str) -> float:
+        return tolerance(hop.record.dtype, *(view.records[p].dtype for p in peers if p in view.records))
+
     first_peers: list[str] = []
-    try:
-        first = _step_rows(await forward_through_swarm(swarm, full, lengths, *span, exclude={hop.peer_id},
-                                                       used=first_peers), lengths, new_tokens)
-    except (NoRouteError, SwarmError) as e:
-        logger.info("cannot verify %s: no other peer serves layers %s (%s)", hop.peer_id, hop.layers, e)
-        return None
-    dtype = hop.record.dtype
-    if agree(y, first, dtype):
-        return None
+    first = await _opinion(swarm, full, lengths, new_tokens, hop, {hop.peer_id, *exclude}, first_peers)
+    if first is None:
+        return Verdict(use=True)  # nobody else serves these layers: nothing to compare with
+    if agree(y, first, tol(*first_peers)):
+        return Verdict(use=True)
     second_peers: list[str] = []
-    try:
-        second = _step_rows(await forward_through_swarm(swarm, full, lengths, *span,
-                                                        exclude={hop.peer_id, *first_peers}, used=second_peers),
-                            lengths, new_tokens)
-    except (NoRouteError, SwarmError):
-        logger.warning("peer %s and %s disagree on layers %s and no third opinion is available",
-                       hop.peer_id, first_peers, hop.layers)
-        return None
-    if agree(first, second, dtype):
-        return hop.peer_id
-    if agree(y, second, dtype) and len(first_peers) == 1:
-        return first_peers[0]
-    return None
+    second = await _opinion(swarm, full, lengths, new_tokens, hop, {hop.peer_id, *exclude, *first_peers},
+                            second_peers)
+    if second is not None:
+        if agree(first, second, tol(*first_peers, *second_peers)):
+            return Verdict(use=False, liar=hop.peer_id)
+        if agree(y, second, tol(*second_peers)) and len(first_peers) == 1:
+            return Verdict(use=True, liar=first_peers[0])
+    logger.warning("peer %s and %s disagree on layers %s and nothing decides who is right; "
+                   "recomputing the step elsewhere", hop.peer_id, first_peers, hop.layers)
+    return Verdict(use=False, inconclusive=True)
+
+
+def fingerprint_outliers(view: SwarmView) -> set[str]:
+    """Peers whose fingerprint differs from the one a strict majority of their layer range announces."""
+    by_range: dict[tuple[int, int], dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for record in view.records.values():
+        if record.fingerprint:  # peers of old versions announce none: nothing to compare
+            by_range[(record.layers.start, record.layers.end)][record.fingerprint].append(record.peer_id)
+    outliers: set[str] = set()
+    for groups in by_range.values():
+        total = sum(len(peers) for peers in groups.values())
+        majority = max(groups, key=lambda fp: len(groups[fp]))
+        if 2 * len(groups[majority]) > total:
+            outliers.update(p for fp, peers in groups.items() if fp != majority for p in peers)
+    return outliers

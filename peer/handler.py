@@ -8,7 +8,9 @@ stream, because its remaining bytes cannot be resynchronised.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import random
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 
+from peer.config import FaultyOutputs
 from peer.page_outputs import PageOutputs
 from peer.prefix_cache import MAX_TOKEN_ID
 from peer.push import PushLinks
@@ -32,8 +35,9 @@ from swarm.types import LayerRange
 
 logger = logging.getLogger(__name__)
 
-# Requests that cost a forward pass, and so count against a client's steps per second. Pushes
-# are exempt: they come from peers relaying a client's step that was already counted.
+# Requests that cost a forward pass, and so count against the sender's steps per second. A push
+# costs one too: it is charged to the client that opened the session (see `_pushed_step`), not to
+# the peer relaying it.
 COMPUTE_REQUESTS = frozenset({m.FORWARD, m.STEP})
 
 
@@ -49,6 +53,7 @@ class ServedModel:
 class StreamHandler:
     forward_priority = 1  # scheduling priority of stateless forwards (steps: 0); --forward-priority
     page_outputs: PageOutputs | None = None  # set by the server; None disables prefix sharing
+    view: Callable[[dict[str, Any]], Any] | None = None  # `ViewService.answer` (peer/view.py); None: no `view`
 
     def __init__(
         self,
@@ -60,7 +65,7 @@ class StreamHandler:
         info: Callable[[], dict[str, Any]],
         alloc_timeout: float,
         accepting: Callable[[], bool],
-        faulty: float = 0.0,
+        faulty: FaultyOutputs | None = None,
         swarm_key: SwarmKey | None = None,
         own_peer_id: str = "",
         rate_limiter: RateLimiter | None = None,
@@ -135,16 +140,21 @@ class StreamHandler:
                                 "slow down or use another peer", retryable=True)
         if kind == m.INFO:
             return {"type": m.INFO, **self.info()}
+        if kind == m.VIEW and self.view is not None:
+            return await self.view(msg)
         if kind == m.FORWARD:
-            return await self._forward(msg)
+            return await self._forward(msg, remote)
         if kind == m.OPEN:
             return self._open(msg, remote, stream, owned)
         if kind == m.STEP:
             session = self.registry.get(self._own_session(msg, owned))
+            if "push_from" in msg:  # the client re-binds pushes after replacing the hop before this one
+                session.push_from, session.push_token = parse_push_binding(msg)
             await self._step(session, msg, stream)
             return None
         if kind == m.PUSH:
             session = self.registry.get(m.require_str(msg, "session_id"))
+            check_push(session, msg, remote)
             # A push's result goes to the stream that opened the session, not back to the pusher.
             asyncio.get_running_loop().create_task(self._pushed_step(session, msg))
             return None
@@ -194,7 +204,13 @@ class StreamHandler:
             raise ProtocolError("bad_tensor", "hidden states contain NaN or infinity")
         return hidden
 
-    async def _forward(self, msg: dict[str, Any]) -> dict[str, Any]:
+    async def _forward(self, msg: dict[str, Any], remote: str) -> dict[str, Any]:
+        """A stateless forward, run as a scratch session that is closed when it is done.
+
+        Its KV pages come from the pool and count against the client's page quota, and the
+        scheduler runs it as a chunked prefill behind decode steps: a 4,096-token forward takes
+        its turn chunk by chunk instead of freezing every session's decode for its whole length.
+        """
         if not self.accepting():
             raise ProtocolError("shutting_down", "this peer is leaving or moving; route elsewhere", retryable=True)
         layers = self._layers_of(msg)
@@ -202,9 +218,16 @@ class StreamHandler:
         if not 1 <= len(new_tokens) <= self.registry.limits.max_batch:
             raise ProtocolError("bad_field", f"new_tokens must list 1..{self.registry.limits.max_batch} sequences")
         hidden = self._hidden(msg, new_tokens)
-        item = WorkItem(hidden, new_tokens, [0] * len(new_tokens), None, (layers.start, layers.end),
-                        asyncio.get_running_loop().create_future(), priority=self.forward_priority)
-        output = await self.scheduler.submit(item)
+        scratch = self.registry.open(uuid.uuid4().hex, remote, layers, max(new_tokens), len(new_tokens))
+        try:
+            await self.registry.reserve(scratch, new_tokens, self.alloc_timeout)
+            item = WorkItem(hidden, new_tokens, [0] * len(new_tokens), [t.pages for t in scratch.tables],
+                            (layers.start, layers.end), asyncio.get_running_loop().create_future(),
+                            priority=self.forward_priority)
+            scratch.inflight = item.future
+            output = await self.scheduler.submit(item)
+        finally:
+            await self.registry.close(scratch.session_id)
         return {"type": m.RESULT, "hidden": encode_tensor(self._maybe_corrupt(output))}
 
     def _open(self, msg: dict[str, Any], remote: str, stream: PeerStream, owned: list[str]) -> dict[str, Any]:
@@ -214,7 +237,9 @@ class StreamHandler:
         max_length = m.require_int(msg, "max_length", min=1)
         batch = m.require_int(msg, "batch", min=1, default=1)
         layers = self._layers_of(msg)
-        self.registry.open(session_id, remote, layers, max_length, batch)
+        push_from, push_token = parse_push_binding(msg) if "push_from" in msg else (None, "")
+        session = self.registry.open(session_id, remote, layers, max_length, batch)
+        session.push_from, session.push_token = push_from, push_token
         owned.append(session_id)
         self.streams[session_id] = stream
         return {"type": m.OPENED, "session_id": session_id, "page_size": self.registry.pool.page_size}
@@ -247,8 +272,8 @@ class StreamHandler:
         encoded = encode_tensor(output)
         await stream.send({"type": m.RESULT, "step_id": step_id, "hidden": encoded})
         if chain:
-            (peer_id, next_session), rest = chain[0], chain[1:]
-            pushed = {"type": m.PUSH, "session_id": next_session, "step_id": step_id, "hidden": encoded,
+            (peer_id, next_session, token), rest = chain[0], chain[1:]
+            pushed = {"type": m.PUSH, "session_id": next_session, "push_token": token, "step_id": step_id, "hidden": encoded,
                       "new_tokens": new_tokens, "positions": positions, "next": [list(h) for h in rest]}
             if token_ids is not None:
                 pushed["token_ids"] = token_ids  # the next hop can share prefix pages too
@@ -265,6 +290,9 @@ class StreamHandler:
         if stream is None:
             return
         try:
+            if not self.rate_limiter.allow(session.remote):  # the client pays for its pushed steps
+                raise ProtocolError("rate_limited", f"more than {self.rate_limiter.rate:g} steps/s from one client "
+                                    "(pushed steps count too); slow down or use another peer", retryable=True)
             await self._step(session, msg, stream)
         except ProtocolError as e:
             await self._send_error(stream, e)
@@ -320,9 +348,9 @@ class StreamHandler:
         return self._maybe_corrupt(torch.cat(parts))
 
     def _maybe_corrupt(self, output: torch.Tensor) -> torch.Tensor:
-        # TEST ONLY (`--faulty`): a lying peer, so client verification can be exercised.
-        if self.faulty > 0:
-            return output + self.faulty * torch.randn_like(output)
+        # TEST ONLY (`--faulty`, `--faulty-probability`): a lying peer, so client verification can be exercised.
+        if self.faulty is not None and random.random() < self.faulty.probability:
+            return output + self.faulty.std * torch.randn_like(output)
         return output
 
 
@@ -342,17 +370,42 @@ def parse_token_ids(msg: dict[str, Any], new_tokens: list[int]) -> list[list[int
     return value
 
 
-MAX_CHAIN = 64  # hops a push may still travel; a route longer than this is not sensible
+# Pushed routes are at most this many hops, so `next` lists at most MAX_ROUTE_HOPS - 1 entries.
+# 16 hops covers the largest open models (126 layers) at 8 layers per peer; each hop adds a
+# network hop to every token, so longer routes are slow anyway, and a client with one relays
+# its steps itself instead of pushing. The bound keeps one step's fan-out small (every push is
+# also charged to the client's step rate).
+MAX_ROUTE_HOPS = 16
+MIN_PUSH_TOKEN = 16  # characters: a client-chosen secret nobody can guess
 
 
-def parse_chain(msg: dict[str, Any]) -> list[tuple[str, str]]:
-    """The optional `next` field: [[peer_id, session_id], ...], the hops downstream of this one."""
+def parse_chain(msg: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The optional `next` field: [[peer_id, session_id, push_token], ...], the hops downstream of this one."""
     chain = msg.get("next", [])
-    if not isinstance(chain, list) or len(chain) > MAX_CHAIN:
-        raise ProtocolError("bad_field", f"field 'next' must be a list of at most {MAX_CHAIN} [peer_id, session_id]")
+    if not isinstance(chain, list) or len(chain) >= MAX_ROUTE_HOPS:
+        raise ProtocolError("bad_field", f"field 'next' must be a list of at most {MAX_ROUTE_HOPS - 1} "
+                            f"[peer_id, session_id, push_token] (routes of at most {MAX_ROUTE_HOPS} hops push)")
     hops = []
     for hop in chain:
-        if not (isinstance(hop, list) and len(hop) == 2 and all(isinstance(x, str) and 0 < len(x) <= 128 for x in hop)):
-            raise ProtocolError("bad_field", "each entry of 'next' must be [peer_id, session_id] strings")
-        hops.append((hop[0], hop[1]))
+        if not (isinstance(hop, list) and len(hop) == 3 and all(isinstance(x, str) and 0 < len(x) <= 128 for x in hop)):
+            raise ProtocolError("bad_field", "each entry of 'next' must be [peer_id, session_id, push_token] strings")
+        hops.append((hop[0], hop[1], hop[2]))
     return hops
+
+
+def parse_push_binding(msg: dict[str, Any]) -> tuple[str, str]:
+    """`push_from` (the upstream peer allowed to push into the session) and the client's `push_token`."""
+    push_from = m.require_str(msg, "push_from", max_len=128)
+    token = m.require_str(msg, "push_token", max_len=128)
+    if not push_from or len(token) < MIN_PUSH_TOKEN:
+        raise ProtocolError("bad_field", f"push_from must name a peer and push_token must be a secret of "
+                            f"{MIN_PUSH_TOKEN}..128 characters")
+    return push_from, token
+
+
+def check_push(session: PeerSession, msg: dict[str, Any], remote: str) -> None:
+    """A push is accepted only from the peer the client named, carrying the token the client chose."""
+    token = m.require_str(msg, "push_token", max_len=128, default="")
+    if (session.push_from is None or remote != session.push_from
+            or not hmac.compare_digest(token.encode(), session.push_token.encode())):
+        raise ProtocolError("unauthorized", "this peer may not push into that session")

@@ -9,7 +9,14 @@ Admission: pages are taken as sequences grow (`reserve`). When the pool is short
 waits up to `alloc_timeout` for pages to be freed, then gets a retryable `busy` error (the
 client routes elsewhere); nothing changes for any session on failure. Prefix sharing (see
 `peer/prefix_cache.py`): steps that carry token ids attach already-cached full pages instead of
-computing them, and register the full pages they compute.
+computing them, and register the full pages they compute. Prefix hashes are namespaced by the
+owning client's peer id unless `ServingLimits.share_prefix_across_clients`: a client can only
+ever attach pages that it computed itself, so junk inputs sent under someone else's token ids
+poison nobody but the sender.
+
+Quota: one client (remote peer id) holds at most `max_client_pages_fraction` of the pool over
+all its sessions; past it a step is refused at once (`busy`, retryable: route elsewhere) instead
+of waiting, since only that client's own sessions could free its pages.
 """
 
 from __future__ import annotations
@@ -37,7 +44,11 @@ class PeerSession:
     layers: LayerRange
     max_length: int
     tables: list[PageTable]
-    namespace: str = ""  # layer range + weights fingerprint: what a prefix hash is relative to
+    namespace: str = ""  # layer range + weights fingerprint (+ client): what a prefix hash is relative to
+    # Server-to-server push: the only peer that may push steps into this session, and the secret the
+    # client chose at `open` that every push must carry (None: pushes are refused).
+    push_from: str | None = None
+    push_token: str = ""
     last_active: float = field(default_factory=time.monotonic)
     busy: bool = False  # a step is in flight; a session's steps are strictly sequential
     inflight: asyncio.Future | None = None  # the queued forward pass of that step
@@ -104,8 +115,11 @@ class SessionRegistry:
             raise ProtocolError(
                 "too_many_sessions", f"at most {self.limits.max_sessions_per_remote} sessions per client", True
             )
+        namespace = f"{self.fingerprint}|{layers.start}:{layers.end}"
+        if not self.limits.share_prefix_across_clients:
+            namespace += f"|client={remote}"  # see the module docstring: no pages from other clients
         session = PeerSession(session_id, remote, layers, max_length, [PageTable() for _ in range(batch)],
-                              namespace=f"{self.fingerprint}|{layers.start}:{layers.end}")
+                              namespace=namespace)
         self.sessions[session_id] = session
         self._per_remote[remote] += 1
         return session
@@ -115,6 +129,14 @@ class SessionRegistry:
         if session is None:
             raise ProtocolError("no_session", f"no open session {session_id!r} on this peer")
         return session
+
+    @property
+    def client_page_cap(self) -> int:
+        return max(1, int(self.limits.max_client_pages_fraction * self.pool.num_pages))
+
+    def client_pages(self, remote: str) -> set[int]:
+        """The distinct pages referenced by a client's sessions (its own shared prefix pages count once)."""
+        return {p for s in self.sessions.values() if s.remote == remote for t in s.tables for p in t.pages}
 
     def _shareable(self, session: PeerSession, token_ids: list[list[int]] | None) -> list[list[int]]:
         """Per sequence, the cached pages this step's new tokens can attach (a run from the start)."""
@@ -128,6 +150,19 @@ class SessionRegistry:
             parent = session.hashes[i][-1] if session.hashes[i] else root_hash(session.namespace)
             hits.append(self.prefix.lookup(chain_hashes(parent, token_ids[i], ps)))
         return hits
+
+    def _check_quota(self, session: PeerSession, fresh: int, hits: list[list[int]]) -> None:
+        """Refuse at once a step that would take its client past its share of the pool."""
+        pages = self.client_pages(session.remote)
+        held = len(pages) + fresh + len({p for h in hits for p in h} - pages)
+        if held > self.client_page_cap:
+            self.counters["max_client_pages"] += 1
+            raise ProtocolError(
+                "busy",
+                f"this client would hold {held} KV pages here, over its quota of {self.client_page_cap} "
+                f"({self.limits.max_client_pages_fraction:g} of the cache); route to another peer",
+                retryable=True,
+            )
 
     async def reserve(
         self,
@@ -152,6 +187,8 @@ class SessionRegistry:
                 revived = {p for pages in hits for p in pages if self.pool.refcount(p) == 0}
                 fresh = sum(-(-target // ps) - len(t.pages) - len(h) for t, target, h in zip(session.tables, targets, hits))
                 needed = fresh + len(revived)  # attaching an evictable page takes it off the free count
+                if self.limits.max_client_pages_fraction < 1:  # 1: the pool is the only limit
+                    self._check_quota(session, fresh, hits)
                 if self.pool.num_free >= needed:
                     break
                 remaining = deadline - time.monotonic()

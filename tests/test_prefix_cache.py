@@ -83,13 +83,15 @@ def test_token_ids_validation() -> None:
 
 # -- the engine in process -----------------------------------------------------------------------------
 class Engine:
-    def __init__(self, shard: Shard, num_pages: int, alloc_timeout: float = 0.2) -> None:
+    # One client fills the whole pool in most tests here: no per-client quota unless a test sets one.
+    def __init__(self, shard: Shard, num_pages: int, alloc_timeout: float = 0.2,
+                 limits: ServingLimits = ServingLimits(max_client_pages_fraction=1.0)) -> None:
         self.shard = shard
         self.pool = PagePool(num_pages, PS)
         self.cache = shard.new_cache(num_pages, PS)
         self.scheduler = BatchScheduler(lambda h, lo, la, st: shard.forward(h, lo, self.cache, layers=la),
                                         page_size=PS, batch_window=0.0)
-        self.registry = SessionRegistry(self.pool, ServingLimits(), self.copy_page)
+        self.registry = SessionRegistry(self.pool, limits, self.copy_page)
         self.registry.fingerprint = shard.fingerprint
         H = shard.config.hidden_size
         self.handler = StreamHandler(ServedModel(LayerRange(0, shard.end), H, torch.float32), self.registry,
@@ -103,9 +105,9 @@ class Engine:
             k[dst], v[dst] = k[src], v[src]
         self.handler.page_outputs.copy(src, dst)
 
-    def open(self):
+    def open(self, client: str = "client"):
         self.count += 1
-        return self.registry.open(f"s{self.count}", "client", LayerRange(0, self.shard.end), 256, 1)
+        return self.registry.open(f"s{self.count}", client, LayerRange(0, self.shard.end), 256, 1)
 
     async def step(self, session, ids: list[int], share: bool = True) -> torch.Tensor:
         return await self.handler._compute(session, self.embed[ids], [len(ids)], [ids] if share else None)
@@ -240,6 +242,56 @@ async def test_a_step_without_token_ids_stops_sharing_for_that_sequence(engine: 
     assert len(engine.registry.prefix) == 4 and not set(a.tables[0].pages) & set(b.tables[0].pages)
 
 
+async def test_prefix_pages_are_shared_only_within_one_client(engine: Engine) -> None:
+    # A poisoner prefills junk hidden states under the victim's token ids: its pages stay its own.
+    junk = engine.open(client="attacker")
+    await engine.handler._compute(junk, torch.randn(64, engine.shard.config.hidden_size), [64], [PREFIX])
+    assert len(engine.registry.prefix) == 4
+    victim = engine.open(client="victim")
+    before = engine.scheduler.tokens_run
+    out = await engine.step(victim, PREFIX + [5])
+    assert engine.scheduler.tokens_run - before == 65, "the victim computed its prompt itself"
+    assert not set(victim.tables[0].pages) & set(junk.tables[0].pages)
+    assert close_to(out, engine.reference(PREFIX + [5]))
+    again = engine.open(client="victim")  # the victim's own later sessions do share its pages
+    await engine.step(again, PREFIX + [6])
+    assert again.tables[0].pages[:4] == victim.tables[0].pages[:4]
+
+
+async def test_prefix_shared_across_clients_when_the_swarm_opts_in(tiny_model: Path) -> None:
+    e = Engine(Shard.from_pretrained(tiny_model, 0, 4), num_pages=12,
+               limits=ServingLimits(max_client_pages_fraction=1.0, share_prefix_across_clients=True))
+    e.scheduler.start()
+    try:
+        a, b = e.open(client="alice"), e.open(client="bob")
+        await e.step(a, PREFIX + [5])
+        await e.step(b, PREFIX + [6])
+        assert b.tables[0].pages[:4] == a.tables[0].pages[:4] and e.registry.prefix_tokens == 64
+    finally:
+        await e.scheduler.stop()
+
+
+async def test_one_client_holds_at_most_its_share_of_the_pool(tiny_model: Path) -> None:
+    e = Engine(Shard.from_pretrained(tiny_model, 0, 4), num_pages=12, limits=ServingLimits())  # half: 6 pages
+    e.scheduler.start()
+    try:
+        hog = e.open(client="hog")
+        with pytest.raises(ProtocolError) as refused:  # 7 pages in one prefill: refused at once, nothing taken
+            await e.step(hog, list(range(3, 3 + 7 * PS)))
+        assert refused.value.code == "busy" and refused.value.retryable and "quota" in refused.value.message
+        assert hog.tables[0].pages == [] and e.pool.num_free == 12
+        await e.step(hog, list(range(3, 3 + 5 * PS)))  # 5 pages fit
+        second = e.open(client="hog")  # its other sessions share the same quota
+        with pytest.raises(ProtocolError):
+            await e.step(second, list(range(100, 100 + 2 * PS)))
+        other = e.open(client="other")  # another client still gets its share
+        ids = list(range(50, 50 + 5 * PS))
+        assert close_to(await e.step(other, ids), e.reference(ids))
+        assert e.registry.counters["max_client_pages"] == 2
+    finally:
+        await e.scheduler.stop()
+
+
 def test_page_table_attach_only_at_page_boundary() -> None:
     pool = PagePool(4, 4)
     t = PageTable()
@@ -258,6 +310,6 @@ def test_cache_fraction_sizes_the_pool_from_free_memory(tiny_model: Path, monkey
     server.layers = LayerRange(0, 4)
     monkeypatch.setattr(server_module, "available_bytes", lambda device: 2**30)
     per_token = KVCache.bytes_per_token(server.model_config, 4, torch.float32) + 64 * 4  # KV + stored output row
-    assert server._pool_pages() == 2**29 // (per_token * PS)
+    assert server._pool_pages(LayerRange(0, 4)) == 2**29 // (per_token * PS)
     server.config = PeerConfig(tiny_model, LayerRange(0, 4), "tiny", cache_tokens=160, page_size=PS)
-    assert server._pool_pages() == 10
+    assert server._pool_pages(LayerRange(0, 4)) == 10
