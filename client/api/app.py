@@ -20,7 +20,7 @@ from aiohttp import web
 
 from client.api.engine import Engine
 from client.api.errors import ApiError, bad_request
-from client.api.metrics import CONTENT_TYPE, ApiMetrics
+from client.api.metrics import CONTENT_TYPE, METRICS, ApiMetrics
 from client.api.page import render_page
 from client.api.responses import Reply
 from client.api.schema import Sampling, parse_chat, parse_completion
@@ -29,7 +29,6 @@ from client.api.streaming import collect, stream_reply
 logger = logging.getLogger(__name__)
 
 ENGINE = web.AppKey("engine", Engine)
-METRICS = web.AppKey("metrics", ApiMetrics)
 API_KEYS = web.AppKey("api_keys", tuple)
 MAX_BODY = 4 << 20  # bytes; long chats fit, a runaway upload does not
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from client.api.errors import ApiError, bad_request, from_generation_error, no_route
+from client.api.errors import bad_request, from_generation_error, no_route
 from client.api.metrics import ApiMetrics
 from client.api.schema import ChatMessage, Sampling
 from client.api.text import Detokenizer, StopScanner
@@ -165,7 +165,7 @@ class Engine:
                                       QueueStreamer(loop, queue, cancel))
         detok, scanner = Detokenizer(self.tokenizer, prompt_ids), StopScanner(sampling.stop)
         generated: list[int] = []
-        last = started
+        last, finished = started, False
         try:
             while not scanner.stopped:
                 item = await queue.get()
@@ -195,12 +195,11 @@ class Engine:
             self.metrics.generation_tokens.inc(len(generated))
             self.metrics.e2e.observe(time.perf_counter() - started)
             self.metrics.success(reason)
+            finished = True
             yield Finished(reason, len(prompt_ids), len(generated))
-        except ApiError as e:
-            self.metrics.failure(e.status)
-            raise
         except (asyncio.CancelledError, GeneratorExit, ConnectionError):
-            self.metrics.aborted()
+            if not finished:  # the consumer left before the end (not the aclose after Finished)
+                self.metrics.aborted()
             raise
         finally:
             cancel.set()

@@ -7,6 +7,7 @@ live on a private CollectorRegistry (two gateways in one test process do not col
 
 from __future__ import annotations
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 P = "layerswarm:"
@@ -42,6 +43,7 @@ class ApiMetrics:
                                 registry=r).labels(model_name)
         self.model_name = model_name
 
+
     def success(self, finish_reason: str) -> None:
         self._success.labels(self.model_name, finish_reason).inc()
 
@@ -53,3 +55,6 @@ class ApiMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+METRICS = web.AppKey("metrics", ApiMetrics)  # where the app keeps them (app.py, streaming.py)

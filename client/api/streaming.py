@@ -15,6 +15,7 @@ from aiohttp import web
 
 from client.api.engine import Delta, Finished
 from client.api.errors import ApiError
+from client.api.metrics import METRICS
 from client.api.responses import Reply
 
 HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache",
@@ -42,7 +43,8 @@ async def stream_reply(request: web.Request, events: AsyncIterator[Delta | Finis
                 break
             await send(response, reply.chunk(event.text))
             event = await anext(events)
-    except ApiError as e:
+    except ApiError as e:  # too late for a status code: an error event, as vLLM sends
+        request.app[METRICS].failure(e.status)
         await send(response, e.body())
     await send(response, "[DONE]")
     await response.write_eof()
