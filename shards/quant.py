@@ -56,12 +56,17 @@ class QuantLinear(nn.Module):
 
 
 def quantize_block(block: nn.Module, mode: str, group_size: int = 128) -> None:
-    """Swap one DecoderBlock's linears in place (frees each full-precision weight as it goes)."""
+    """Swap one DecoderBlock's linears in place (frees each full-precision weight as it goes).
+
+    A mixture-of-experts block has no dense w_gate_up / w_down: each of its `experts` is swapped
+    the same way (the small router stays in the shard dtype)."""
     for name in LINEAR_NAMES:
-        lin = getattr(block, name)
+        lin = getattr(block, name, None)
         if isinstance(lin, nn.Linear):
             setattr(block, name, QuantLinear(lin, mode, group_size))
             del lin
+    for expert in getattr(block, "experts", ()):
+        quantize_block(expert, mode, group_size)
 
 
 @torch.no_grad()
@@ -81,14 +86,16 @@ def quantize_shard(shard: nn.Module, mode: str, group_size: int = 128) -> None:
 
 
 def linear_shapes(config: ModelConfig) -> list[tuple[int, int, bool]]:
-    """(out, in, has_bias) of each fused linear in one block."""
+    """(out, in, has_bias) of each fused linear in one block (every expert of an MoE block, + router)."""
     c = config
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    i, copies = (c.expert_intermediate_size, c.num_experts) if c.num_experts else (c.intermediate_size, 1)
+    router = [(c.num_experts, c.hidden_size, False)] if c.num_experts else []
     return [
         (q + 2 * kv, c.hidden_size, c.attention_bias),
         (c.hidden_size, q, False),
-        (2 * c.intermediate_size, c.hidden_size, False),
-        (c.hidden_size, c.intermediate_size, False),
+        *[(2 * i, c.hidden_size, False), (c.hidden_size, i, False)] * copies,
+        *router,
     ]
 
 

@@ -1,0 +1,172 @@
+"""Model families beyond llama (Qwen3, Qwen3-MoE, Mixtral, Phi-3, Gemma 2/3, Mistral's sliding
+window; yarn / dynamic / longrope / linear RoPE) against transformers, in process and through peers.
+
+Every tiny checkpoint (`tests.tiny_models.FAMILIES`) is saved by transformers; contexts run to
+~50 tokens, past every sliding window (8-12) and every RoPE length threshold (16 or 32).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from client import DistributedModel
+from client.local_swarm import LocalSwarm
+from shards import ModelConfig, ModelHead, Shard, UnsupportedModelError
+from shards.moe import MoEBlock
+from shards.quant import QuantLinear, memory_plan, quantize_shard
+from tests.swarm_processes import new_test_swarm
+from tests.test_shards_reference import prompts_for, reference_greedy, run_shards
+from tests.tiny_models import FAMILIES
+
+STEPS = 31  # decode steps after a 20-token prompt: 50 positions
+
+
+def reference(path: Path, **overrides) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **overrides).eval()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_shards_batched_match_transformers(tiny_model_factory, family: str) -> None:
+    """Two shards, two sequences prefilled in one ragged batch then decoded together: every greedy
+    token equals transformers' (each sequence run alone there), logits within 1e-4."""
+    path = tiny_model_factory(family)
+    model, head = reference(path), ModelHead.from_pretrained(path)
+    stages = [(Shard.from_pretrained(path, 0, 2), None), (Shard.from_pretrained(path, 2, 4), None)]
+    prompts = prompts_for(320, [20, 7])
+    tokens, logits = run_shards(head, stages, prompts, STEPS)
+    for prompt, got_tokens, got_logits in zip(prompts, tokens, logits):
+        want_tokens, want_logits = reference_greedy(model, prompt, STEPS)
+        assert got_tokens == want_tokens
+        assert (got_logits - want_logits).abs().max().item() < 1e-4
+
+
+# The feature each family's test would miss if it were ignored: transformers without it gives
+# other tokens over the same context, so the test above really checks it.
+FEATURES = {
+    "mistral_window": {"sliding_window": None},
+    "gemma2": {"attn_logit_softcapping": None},
+    "qwen3": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+    "mixtral": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+}
+
+
+@pytest.mark.parametrize("family", sorted(FEATURES))
+def test_features_change_the_reference(tiny_model_factory, family: str) -> None:
+    path = tiny_model_factory(family)
+    prompt = prompts_for(320, [20])[0]
+    with_it, _ = reference_greedy(reference(path), prompt, STEPS)
+    without, _ = reference_greedy(reference(path, **FEATURES[family]), prompt, STEPS)
+    assert with_it != without
+
+
+def test_config_fields_per_family(tiny_model_factory) -> None:
+    g2 = ModelConfig.from_pretrained(tiny_model_factory("gemma2"))
+    assert g2.unit_offset_norms and g2.attn_softcap == 5.0 and g2.final_softcap == 3.0 and g2.embed_scale == 8.0
+    assert [g2.window(i) for i in range(4)] == [8, None, 8, None] and g2.attn_scale == 24**-0.5
+    g3 = ModelConfig.from_pretrained(tiny_model_factory("gemma3"))
+    assert g3.qk_norm and g3.local_rope is not None and g3.local_rope["rope_theta"] == 10000.0
+    assert g3.rope_theta == 1e6 and g3.rope_scaling is not None and g3.rope_scaling["rope_type"] == "linear"
+    moe = ModelConfig.from_pretrained(tiny_model_factory("qwen3_moe"))
+    assert moe.num_experts == 4 and moe.dense_layers == (1,) and [moe.is_moe_layer(i) for i in range(3)] == [1, 0, 1]
+    phi = ModelConfig.from_pretrained(tiny_model_factory("phi3"))
+    assert phi.partial_rotary_factor == 0.5 and phi.rope_scaling["original_max_position_embeddings"] == 16
+    assert [phi.window(i) for i in range(4)] == [10] * 4
+
+
+def test_only_plain_llama_blocks_take_the_fused_decode_path(tiny_model_factory) -> None:
+    fused = {v: Shard.from_pretrained(tiny_model_factory(v), 0, 2).supports_fused_decode for v in ("llama", "qwen2")}
+    assert fused == {"llama": True, "qwen2": True}
+    for family in FAMILIES:
+        assert not Shard.from_pretrained(tiny_model_factory(family), 0, 2).supports_fused_decode, family
+
+
+def test_moe_experts_quantize_and_the_memory_plan_counts_every_expert(tiny_model_factory) -> None:
+    path = tiny_model_factory("mixtral")
+    config = ModelConfig.from_pretrained(path)
+    head = ModelHead.from_pretrained(path)
+    shard = Shard.from_pretrained(path, 0, 4)
+    prompt = prompts_for(320, [12])
+    _, exact = run_shards(head, [(shard, None)], prompt, 3)
+    quantize_shard(shard, "int8")
+    block = shard.blocks[0]
+    assert isinstance(block, MoEBlock) and all(isinstance(e.w_gate_up, QuantLinear) for e in block.experts)
+    _, quantized = run_shards(head, [(shard, None)], prompt, 3)
+    err = (quantized[0] - exact[0]).abs().max().item()
+    assert 0 < err < 0.05 * exact[0].abs().max().item()
+    H, F, E = config.hidden_size, config.expert_intermediate_size, config.num_experts
+    attention = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim * H + H * config.num_heads * config.head_dim
+    plan = memory_plan(config, 1, "none", torch.float32, 0)
+    assert plan["weight_bytes_per_layer"] == 4 * (2 * H + attention + E * 3 * F * H + E * H)
+
+
+def test_unsupported_families_are_refused_in_one_line(tiny_model_factory, tmp_path: Path) -> None:
+    src = tiny_model_factory("llama")
+    for model_type, reason in [("gemma3", "gemma3_text"), ("deepseek_v3", "latent attention"), ("gpt2", "")]:
+        folder = tmp_path / model_type
+        folder.mkdir()
+        config = json.loads((src / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(dict(config, model_type=model_type)))
+        with pytest.raises(UnsupportedModelError, match=rf"{model_type}.*{reason}.*supported: llama"):
+            ModelConfig.from_pretrained(folder)
+    cli = subprocess.run(
+        [sys.executable, "-m", "peer.cli", "serve", "--model", str(tmp_path / "deepseek_v3"), "--dry-run"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert cli.returncode != 0 and "Traceback" not in cli.stderr + cli.stdout
+    assert "multi-head latent attention is not implemented" in cli.stderr
+
+
+# -- through real peers ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dht_swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
+    swarm = new_test_swarm(tmp_path_factory.mktemp("families-swarm"))
+    try:
+        swarm.start_dht()
+        yield swarm
+    finally:
+        swarm.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_two_peers_generate_like_transformers(tiny_model_factory, dht_swarm: LocalSwarm, family: str) -> None:
+    """Each family served by two `swarm-peer serve` processes (layers 0:2 and 2:4; each checkpoint
+    folder is its own model name on one DHT): a batch of two prompts sharing a 32-token prefix,
+    then a third prompt that reuses the first peer's cached prefix pages; all greedy tokens equal
+    transformers' generate of each prompt alone."""
+    path = tiny_model_factory(family)
+    peers = [dht_swarm.start_peer(path, r, wait=False) for r in ("0:2", "2:4")]
+    for p in peers:
+        dht_swarm.wait_online(p)
+    ref = reference(path)
+    prefix = prompts_for(320, [32])[0]
+    a, b, c = (prefix + tail for tail in prompts_for(300, [4, 9, 6]))
+    remote = DistributedModel.from_pretrained(path, dht_swarm.initial_peers)
+    try:
+        width = max(len(a), len(b))
+        ids = torch.zeros(2, width, dtype=torch.long)
+        mask = torch.zeros(2, width, dtype=torch.long)
+        for row, p in enumerate((a, b)):
+            ids[row, width - len(p) :], mask[row, width - len(p) :] = torch.tensor(p), 1
+        batched = remote.generate(ids, attention_mask=mask, max_new_tokens=12, min_new_tokens=12, pad_token_id=0)
+        before = remote.loop.run(remote.swarm.peer_info(peers[0].peer_id), timeout=40)["stats"]["prefix_tokens"]
+        alone = remote.generate(torch.tensor([c]), max_new_tokens=12, min_new_tokens=12)
+        after = remote.loop.run(remote.swarm.peer_info(peers[0].peer_id), timeout=40)["stats"]["prefix_tokens"]
+    finally:
+        remote.close()
+        for p in peers:
+            p.kill()
+    for row, p in enumerate((a, b)):
+        want = ref.generate(torch.tensor([p]), max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, len(p) :]
+        assert batched[row, width:].tolist() == want.tolist(), f"sequence {row}"
+    want = ref.generate(torch.tensor([c]), max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, len(c) :]
+    assert alone[0, len(c) :].tolist() == want.tolist()
+    assert after - before >= 32, "the third prompt reused the two cached prefix pages"
