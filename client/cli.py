@@ -27,6 +27,7 @@ def generate(
     repetition_penalty: Annotated[float, typer.Option(help="Penalty for tokens already in the text (1.0: none).")] = 1.0,
     chat: Annotated[bool, typer.Option("--chat/--raw", help="Wrap the prompt in the tokenizer's chat template when it has one.")] = True,
     push: Annotated[bool, typer.Option("--push/--relay", help="Peers pass decode steps straight to each other (push) or through the client (relay).")] = True,
+    device: Annotated[str | None, typer.Option(help="Where the client's embeddings, LM head and sampling run: cpu or cuda (cuda:N). Default: cuda when a GPU is present, else cpu.")] = None,
     log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "warning",
 ) -> None:
     """Generate text from PROMPT through the swarm, printing tokens as they arrive."""
@@ -36,8 +37,10 @@ def generate(
 
     from client import DistributedModel
 
+    if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
+        raise typer.BadParameter(f"{device!r}: this torch has no CUDA device; use --device cpu", param_hint="--device")
     started = time.perf_counter()
-    lm = DistributedModel.from_pretrained(model, initial_peers, model_name=model_name, push=push)
+    lm = DistributedModel.from_pretrained(model, initial_peers, model_name=model_name, push=push, device=device)
     try:
         if lm.tokenizer is None:
             raise typer.BadParameter(f"{model} has no tokenizer; use the Python API with token ids", param_hint="--model")

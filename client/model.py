@@ -59,13 +59,42 @@ def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     return [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
 
 
+def choose_device(
+    device: str | torch.device | None, dtype: torch.dtype | None, model_config: ModelConfig
+) -> tuple[torch.device, torch.dtype]:
+    """Where the client's head runs: CUDA in the checkpoint's dtype when there is a GPU, else CPU float32.
+
+    The head (embeddings, final norm, LM head) costs one vocab-sized matmul per token: on a CPU
+    that is milliseconds, on a GPU microseconds. float32 stays the CPU default (bf16 matmuls are
+    slow on most CPUs); an explicit `dtype` always wins.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} was asked for but this torch has no CUDA device; use device='cpu'")
+    if dtype is None:
+        dtype = torch.float32
+        if device.type == "cuda":
+            dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(model_config.torch_dtype, torch.float32)
+    return device, dtype
+
+
 class DistributedModel:
-    def __init__(self, path: Path, config: ClientConfig, *, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        path: Path,
+        config: ClientConfig,
+        *,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         """Prefer `DistributedModel.from_pretrained`."""
         self.path = path
         self.config = config
         self.model_config = ModelConfig.from_pretrained(path)
-        self.head = ModelHead.from_pretrained(path, dtype=dtype)
+        self.device, self.dtype = choose_device(device, dtype, self.model_config)
+        self.head = ModelHead.from_pretrained(path, dtype=self.dtype, device=self.device)
         self.tokenizer = load_tokenizer(path)
         self.generation_defaults = load_generation_defaults(path)
         self.model_name = config.model_name or path.resolve().name
@@ -86,10 +115,14 @@ class DistributedModel:
         *,
         model_name: str | None = None,
         config: ClientConfig | None = None,
-        dtype: torch.dtype = torch.float32,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
         **config_overrides: Any,
     ) -> DistributedModel:
         """Join the swarm with the checkpoint folder's head, tokenizer and config.
+
+        `device`/`dtype` place the client's head (embeddings, final norm, LM head) and sampling:
+        default CUDA in the checkpoint's dtype when a GPU is present, else CPU float32.
 
         `path` is a local checkpoint folder: the client needs its embeddings and LM head (a few
         hundred MB at most), never the decoder layers.
@@ -109,7 +142,7 @@ class DistributedModel:
             model_name=model_name or config.model_name,
             **config_overrides,
         )
-        return cls(path, config, dtype=dtype)
+        return cls(path, config, device=device, dtype=dtype)
 
     # -- sessions ---------------------------------------------------------------------------------
     def inference_session(self, max_length: int, batch: int = 1, push: bool | None = None) -> InferenceSession:
@@ -133,7 +166,7 @@ class DistributedModel:
         if any(not s for s in seqs):
             raise ValueError("every sequence needs at least one token")
         ids = torch.tensor([t for s in seqs for t in s], dtype=torch.long)
-        hidden = self.head.embed(ids).float()  # (N, H)
+        hidden = self.head.embed(ids).to("cpu", torch.float32)  # (N, H)
         new_tokens = [len(s) for s in seqs]
         out = self.loop.run(forward_through_swarm(self.swarm, hidden, new_tokens), timeout=None)
         logits_flat = self.head.logits(out).float()  # (N, V)

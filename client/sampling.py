@@ -61,14 +61,16 @@ class TokenChooser:
         """logits (B, V) for the last position of each sequence; token_ids: each sequence so far."""
         chosen = []
         for b, row in enumerate(logits):
-            scores = row[None, :].float()  # (1, V)
-            ids = torch.tensor([token_ids[b]], dtype=torch.long)  # (1, T_b): sequences are ragged
+            scores = row[None, :].float()  # (1, V), on the head's device
+            ids = torch.tensor([token_ids[b]], dtype=torch.long, device=row.device)  # (1, T_b): ragged
             scores = self.processors(ids, scores)
             if generated < self.params.min_new_tokens and self.params.eos_token_ids:
-                eos = torch.tensor(self.params.eos_token_ids, dtype=torch.long)
+                eos = torch.tensor(self.params.eos_token_ids, dtype=torch.long, device=row.device)
                 scores = scores.index_fill(1, eos, -float("inf"))  # out of place: logits may be inference tensors
             if self.params.do_sample:
                 probs = torch.softmax(self.warpers(ids, scores), dim=-1)
+                if self.generator is not None:  # a seeded generator draws on its own device
+                    probs = probs.to(self.generator.device)
                 chosen.append(int(torch.multinomial(probs[0], 1, generator=self.generator)))
             else:
                 chosen.append(int(scores[0].argmax()))

@@ -58,10 +58,10 @@ def target_scores(
 ) -> torch.Tensor:
     """Processed scores (1, V) for one position, exactly as `TokenChooser.choose` computes them."""
     params = chooser.params
-    ids = torch.tensor([context], dtype=torch.long)  # (1, T)
+    ids = torch.tensor([context], dtype=torch.long, device=logits.device)  # (1, T)
     scores = chooser.processors(ids, logits[None, :].float())
     if generated < params.min_new_tokens and params.eos_token_ids:
-        eos = torch.tensor(params.eos_token_ids, dtype=torch.long)
+        eos = torch.tensor(params.eos_token_ids, dtype=torch.long, device=logits.device)
         scores = scores.index_fill(1, eos, -float("inf"))
     if params.do_sample:
         scores = chooser.warpers(ids, scores)
@@ -89,7 +89,7 @@ def verify(
             if target in params.eos_token_ids:
                 return out, i + 1
             continue
-        p = torch.softmax(scores, dim=-1)
+        p = torch.softmax(scores.cpu(), dim=-1)  # beside the draft's probabilities and the generator
         if i == len(d):  # every draft accepted: the bonus token comes straight from p
             out.append(int(torch.multinomial(p, 1, generator=gen)))
             return out, i

@@ -98,6 +98,8 @@ def decode_attention(
         q.stride(0), q.stride(1), table.stride(0), scale * 1.4426950408889634,
         split_len,
         KVH=KVH, G=G, D=D, PAGE=page_size, BLOCK_G=BLOCK_G, BLOCK_N=_BLOCK_N, NUM_SPLITS=splits,
+        # float32 caches get float32 dot products (Triton's default there is tf32, ~1e-3 off).
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4, num_stages=2,
     )  # fmt: skip
     if splits > 1:
@@ -114,7 +116,7 @@ if HAS_TRITON:
         q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, po_ptr, pml_ptr,
         stride_qb, stride_qh, stride_tb, qk_scale, split_len,
         KVH: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-        BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+        BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
     ):  # fmt: skip
         b, kh, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         L = tl.load(lens_ptr + b).to(tl.int32)
@@ -138,13 +140,13 @@ if HAS_TRITON:
             row = (page * PAGE + j % PAGE) * KVH + kh  # (BN,) row of (slots*KVH, D)
             k = tl.load(k_ptr + row[:, None] * D + rd[None, :], mask=ok[:, None], other=0.0)  # (BN, D)
             v = tl.load(v_ptr + row[:, None] * D + rd[None, :], mask=ok[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale  # (BG, BN), log2 units
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BG, BN), log2 units
             s = tl.where(ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         if NUM_SPLITS == 1:

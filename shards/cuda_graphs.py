@@ -38,7 +38,14 @@ def fused_decode_supported(shard: torch.nn.Module) -> bool:
     if flag is not None:
         return bool(flag)
     config = shard.config
-    return config.model_type in FUSED_MODEL_TYPES and not getattr(config, "sliding_window", None)
+    scaling = config.rope_scaling or {}
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    # Only RoPE types that are a fixed `inv_freq` (no attention scaling, no per-length rescaling).
+    return (
+        config.model_type in FUSED_MODEL_TYPES
+        and rope_type in ("default", "linear", "llama3")
+        and not getattr(config, "sliding_window", None)
+    )
 
 
 @torch.inference_mode()
@@ -156,7 +163,9 @@ class DecodeGraphs:
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: a peer captures a new range's graphs while its compute thread still
+            # serves the old range; that thread's syncs and allocations must not break the capture.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 out = self._body(bs)
             self._pool = graph.pool()
             self.graphs[bs] = (graph, out)

@@ -1,0 +1,257 @@
+"""GPU peers on the serving path: CUDA-graph decode inside `swarm-peer serve --device cuda`.
+
+Skipped without CUDA (CI has none); run on a GPU machine with `pytest -m gpu`. The model is a
+random-weight checkpoint of SmolLM2-135M's shape (30 layers, GQA 9/3 heads, vocab 49152), built
+with transformers: the real weights are not available where the GPU runs.
+
+- In process: `ServingEngine` with graphs == without graphs (bf16 tolerance) for every --quant
+  mode, over batched decodes, shared prefix pages, a rewind (truncate) and padding buckets.
+- Through real `swarm-peer` processes on CUDA in float32: greedy tokens equal transformers on the
+  GPU, batched and concurrent sessions (decode batches run as graph replays), prefix sharing,
+  speculative decoding (truncate), and a peer killed mid-generation.
+- Through real processes in bfloat16: a peer replaying graphs equals a `--no-cuda-graphs` peer to
+  bf16 tolerance.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from client.local_swarm import LocalSwarm
+from peer.engine import ServingEngine
+from shards.batch import BatchLayout
+from shards.quant import quantize_shard
+from shards.shard import Shard
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+PEER_START_TIMEOUT = 300.0  # first start compiles the Triton kernels and captures the graphs
+
+
+def smollm2_shaped_checkpoint(path: Path) -> Path:
+    """A seeded random checkpoint with SmolLM2-135M's configuration (float32 safetensors)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+        rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:  # larger than HF's init, so layers change the hidden state (peaked logits)
+                p.normal_(0.0, 1.0 / p.shape[-1] ** 0.5)
+            else:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return smollm2_shaped_checkpoint(tmp_path_factory.mktemp("smollm2-shaped"))
+
+
+def prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 49000, (length + 3 * i,), generator=gen).tolist() for i in range(n)]
+
+
+# ---------------------------------------------------------------- in process: graphs == eager
+
+
+@pytest.mark.parametrize("quant", ["none", "int8", "int4"])
+def test_graph_decode_equals_eager_decode_in_bf16(checkpoint: Path, quant: str) -> None:
+    shard = Shard.from_pretrained(checkpoint, 0, 30, dtype=torch.bfloat16, device="cuda")
+    quantize_shard(shard, quant, 64)
+    ps, max_length = 16, 512
+    graphs = ServingEngine(shard, num_pages=64, page_size=ps, max_length=max_length, graphs=True)
+    eager = ServingEngine(shard, num_pages=64, page_size=ps, max_length=max_length, graphs=False)
+    assert graphs.graphs is not None and eager.graphs is None
+    span = (0, 30)
+    gen = torch.Generator().manual_seed(1)
+    # Sequence 0 and 1 share their first two pages (a common 32-token prefix); 2 and 3 are private.
+    tables = [[0, 1, 2, 3, 4], [0, 1, 5, 6, 7], [8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
+    prefill = [40, 0, 23, 9]  # sequence 1 brings only new tokens after the shared 32
+    lengths = [0, 32, 0, 0]
+    rows = torch.randn(sum(prefill) + 8, 576, generator=gen).to(torch.bfloat16)
+    layout = BatchLayout([40, 8, 23, 9], [0, 32, 0, 0], tables, ps)
+    for engine in (graphs, eager):
+        # The shared prefix: computed once by sequence 0's prefill, read by sequence 1's attention.
+        engine.run_batch(rows, layout, span, True)
+    lengths = [40, 40, 23, 9]
+
+    def decode_both(seqs: list[int]) -> float:
+        hidden = torch.randn(len(seqs), 576, generator=gen).to(torch.bfloat16)
+        lay = BatchLayout.decode([lengths[s] for s in seqs], [tables[s] for s in seqs], ps)
+        a = graphs.run_batch(hidden, lay, span, True).float()
+        b = eager.run_batch(hidden, lay, span, True).float()
+        for s in seqs:
+            lengths[s] += 1
+        return float((a - b).norm() / b.norm())
+
+    errors = [decode_both([0, 1, 2, 3]) for _ in range(6)]  # bucket 4
+    errors += [decode_both([0, 2, 3]) for _ in range(4)]  # 3 rows in bucket 4: one padding row
+    errors += [decode_both([1]) for _ in range(3)]  # bucket 1
+    lengths[2] -= 5  # truncate: the next steps overwrite the last 5 positions of sequence 2
+    errors += [decode_both([2, 3]) for _ in range(7)]
+    assert graphs.steps["graph"] == 20 and eager.steps["graph"] == 0
+    assert max(errors) < 2e-2, f"graph vs eager relative errors {errors}"
+
+
+# ---------------------------------------------------------------- through real peer processes
+
+
+@pytest.fixture(scope="module")
+def gpu_swarm(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSwarm]:
+    swarm = LocalSwarm(tmp_path_factory.mktemp("gpu-swarm"))
+    try:
+        swarm.start_dht()
+        cuda = ("--device", "cuda", "--dtype", "float32", "--cache-tokens", "16384")
+        peers = [swarm.start_peer(checkpoint, r, *cuda, wait=False) for r in ("0:15", "15:30", "15:30")]
+        for peer in peers:
+            swarm.wait_online(peer, PEER_START_TIMEOUT)
+        yield swarm
+    finally:
+        swarm.close()
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to("cuda").eval()
+    model.generation_config.eos_token_id = None
+
+    def greedy(ids: list[int], n: int) -> list[int]:
+        out = model.generate(torch.tensor([ids], device="cuda"), max_new_tokens=n, do_sample=False, pad_token_id=0)
+        return out[0, len(ids):].tolist()
+
+    return greedy
+
+
+@pytest.fixture(scope="module")
+def client(checkpoint: Path, gpu_swarm: LocalSwarm):
+    from client import DistributedModel
+
+    model = DistributedModel.from_pretrained(checkpoint, gpu_swarm.initial_peers, device="cuda", dtype=torch.float32)
+    try:
+        yield model
+    finally:
+        model.close()
+
+
+def generate(model, ids: list[int], n: int, **kwargs) -> list[int]:
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, eos_token_id=[], **kwargs)
+    return out[0, len(ids):].tolist()
+
+
+def peer_stats(model, peer_id: str) -> dict:
+    return model.loop.run(model.swarm.peer_info(peer_id), timeout=60)["stats"]
+
+
+def test_client_head_runs_on_the_gpu(client) -> None:
+    assert client.device.type == "cuda" and client.head.embedding.is_cuda
+
+
+def test_greedy_tokens_equal_transformers_on_the_gpu(client, reference, gpu_swarm) -> None:
+    for ids in prompts(3, 20, seed=2):
+        assert generate(client, ids, 24) == reference(ids, 24)
+    graph = sum(peer_stats(client, p.peer_id)["graph_batches"] for p in gpu_swarm.processes[1:])
+    assert graph > 0, "decode steps did not run as CUDA-graph replays"
+
+
+def test_concurrent_sessions_batch_into_graph_replays(client, reference, gpu_swarm) -> None:
+    many = prompts(8, 12, seed=3)
+    want = [reference(ids, 16) for ids in many]
+    got: list[list[int] | BaseException | None] = [None] * len(many)
+    barrier = threading.Barrier(len(many))
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            got[i] = generate(client, many[i], 16)
+        except BaseException as e:  # reported below
+            got[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(many))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert got == want
+    first = gpu_swarm.processes[1].peer_id
+    assert peer_stats(client, first)["max_batch_sequences"] > 1
+
+
+def test_prefix_sharing_and_speculative_truncate_keep_tokens(client, reference, gpu_swarm) -> None:
+    ids = prompts(1, 48, seed=4)[0]
+    want = reference(ids, 20)
+    first = gpu_swarm.processes[1].peer_id
+    hits = peer_stats(client, first)["prefix_hits_pages"]
+    assert generate(client, ids, 20) == want
+    assert generate(client, ids, 20) == want  # the second run attaches the first run's pages
+    assert peer_stats(client, first)["prefix_hits_pages"] > hits
+    # prompt_lookup verifies drafts in one step and truncates the rejected ones on every peer.
+    assert generate(client, ids + ids[:16], 20, speculative="prompt_lookup") == reference(ids + ids[:16], 20)
+
+
+def test_peer_killed_mid_generation_gives_the_same_tokens(client, reference, gpu_swarm) -> None:
+    ids = prompts(1, 16, seed=5)[0]
+    want = reference(ids, 32)
+
+    with client.inference_session(max_length=64) as session:
+
+        class KillAfter:
+            """A streamer that kills the peer serving layers 15:30 after the prompt and 5 tokens."""
+
+            def __init__(self) -> None:
+                self.seen = 0
+
+            def put(self, value: torch.Tensor) -> None:
+                self.seen += 1
+                if self.seen == 6:
+                    victim = next(h.peer_id for h in session.hops if h.layers.start == 15)
+                    next(p for p in gpu_swarm.processes if p.peer_id == victim).kill()
+
+            def end(self) -> None:
+                pass
+
+        got = client.generate(torch.tensor([ids]), max_new_tokens=32, eos_token_id=[], session=session,
+                              streamer=KillAfter())
+    assert got[0, len(ids):].tolist() == want
+    assert session.stats.failovers >= 1
+
+
+def test_bf16_graph_peer_equals_eager_peer(checkpoint: Path, tmp_path: Path) -> None:
+    from client import DistributedModel
+
+    with LocalSwarm(tmp_path) as swarm:
+        swarm.start_dht()
+        bf16 = ("--device", "cuda", "--dtype", "bfloat16")
+        peers = [swarm.start_peer(checkpoint, "0:30", *bf16, "--model-name", "graphs", wait=False),
+                 swarm.start_peer(checkpoint, "0:30", *bf16, "--model-name", "eager", "--no-cuda-graphs", wait=False)]
+        for peer in peers:
+            swarm.wait_online(peer, PEER_START_TIMEOUT)
+        gen = torch.Generator().manual_seed(6)
+        steps = [torch.randn(20, 576, generator=gen)] + [torch.randn(1, 576, generator=gen) for _ in range(12)]
+        outputs = {}
+        for name in ("graphs", "eager"):
+            with DistributedModel.from_pretrained(checkpoint, swarm.initial_peers, model_name=name,
+                                                  device="cuda", dtype=torch.bfloat16) as model:
+                with model.inference_session(max_length=64) as session:
+                    outputs[name] = [session.step(x, [x.shape[0]]) for x in steps]
+                stats = peer_stats(model, peers[0 if name == "graphs" else 1].peer_id)
+                assert (stats["graph_batches"] > 0) == (name == "graphs")
+        for a, b in zip(outputs["graphs"], outputs["eager"]):
+            assert float((a - b).norm() / b.norm()) < 2e-2
