@@ -15,8 +15,8 @@ from typing import Any
 
 from swarm.auth import SwarmKey
 from swarm.codec import Limits, decode_message, encode_message
-from swarm.errors import ConnectionClosed, FrameTooLarge, ProtocolError, RemoteError
-from swarm.framing import read_frame, write_frame
+from swarm.errors import ConnectionClosed, FrameTimeout, FrameTooLarge, ProtocolError, RemoteError
+from swarm.framing import ByteBudget, read_frame, write_frame
 from swarm.messages import AUTH, AUTHORIZED, ERROR, PROTOCOL_NAME
 
 logger = logging.getLogger(__name__)
@@ -33,11 +33,13 @@ class PeerStream:
         writer: asyncio.StreamWriter,
         limits: Limits,
         remote_peer_id: str = "",
+        budget: ByteBudget | None = None,
     ) -> None:
         self.reader = reader
         self.writer = writer
         self.limits = limits
         self.remote_peer_id = remote_peer_id
+        self.budget = budget  # shared by all streams from this remote peer (server side)
         self._broken: str | None = None  # why the stream can no longer be read in sync
 
     @property
@@ -52,18 +54,25 @@ class PeerStream:
     async def send_error(self, error: ProtocolError) -> None:
         await self.send(error.to_message())
 
-    async def recv_raw(self, timeout: float | None = None) -> dict[str, Any]:
-        """Next message, including `error` frames as plain dicts."""
+    async def recv_raw(self, timeout: float | None = None, max_bytes: int | None = None) -> dict[str, Any]:
+        """Next message, including `error` frames as plain dicts (`max_bytes`: a tighter frame limit)."""
         if self._broken is not None:
             raise ConnectionClosed(f"stream to {self.remote_peer_id} unusable: {self._broken}", clean=False)
+        limit = self.limits.max_frame_bytes if max_bytes is None else max_bytes
         try:
-            payload = await asyncio.wait_for(read_frame(self.reader, self.limits.max_frame_bytes), timeout)
+            payload = await asyncio.wait_for(
+                read_frame(self.reader, limit, payload_timeout=self.limits.payload_timeout, budget=self.budget),
+                timeout,
+            )
         except asyncio.TimeoutError:
             # A read cancelled mid-frame leaves the stream at an unknown offset: never read it again.
             self._broken = f"timed out after {timeout} s"
             raise
         except FrameTooLarge:
             self._broken = "peer sent a frame above our limit"  # its payload is still in the pipe
+            raise
+        except FrameTimeout:
+            self._broken = "peer stopped sending in the middle of a frame"
             raise
         except ConnectionClosed as e:
             self._broken = str(e)
@@ -119,27 +128,36 @@ async def open_stream(
     return stream
 
 
-async def require_auth(stream: PeerStream, swarm_key: SwarmKey, own_peer_id: str, timeout: float = 30.0) -> bool:
+async def require_auth(stream: PeerStream, swarm_key: SwarmKey, own_peer_id: str) -> bool:
     """Server side of the handshake: True when the stream's first message proves membership.
 
-    A stranger gets an `unauthorized` error frame that says how to join (and the caller ends
-    the stream): nothing else is read from it, nothing allocated for it.
+    The first frame is read with a small limit (`limits.auth_frame_bytes`) and a short timeout
+    (`limits.auth_timeout`): a stranger costs a few KiB at most. It gets an `unauthorized` error
+    frame that says how to join (and the caller ends the stream); nothing else is read from it.
     """
     try:
-        msg = await stream.recv_raw(timeout)
+        msg = await stream.recv_raw(stream.limits.auth_timeout, max_bytes=stream.limits.auth_frame_bytes)
     except (ProtocolError, ConnectionError, asyncio.TimeoutError):
         return False
     if msg.get("type") == AUTH and swarm_key.check_stream_proof(msg.get("proof"), own_peer_id, stream.remote_peer_id):
         await stream.send({"type": AUTHORIZED})
         return True
-    with suppress(ConnectionError):
-        await stream.send_error(ProtocolError(
-            "unauthorized", "this swarm is private: join it with its swarm key (--swarm-key FILE / swarm_key=FILE)"))
-        # Linger until the stranger hangs up (bounded): closing at once can drop the error frame
-        # in p2pd before it is delivered, and then the stranger sees a bare disconnect.
-        with suppress(Exception):
-            await asyncio.wait_for(stream.reader.read(), LINGER_SECONDS)
+    await refuse(stream, ProtocolError(
+        "unauthorized", "this swarm is private: join it with its swarm key (--swarm-key FILE / swarm_key=FILE)"))
     return False
+
+
+async def refuse(stream: PeerStream, error: ProtocolError) -> None:
+    """Answer `error` on a stream that is about to be closed, without reading anything else from it."""
+    with suppress(ConnectionError):
+        await stream.send_error(error)
+        # Linger until the remote side hangs up (bounded): closing at once can drop the error
+        # frame in p2pd before it is delivered, and then the remote sees a bare disconnect.
+        # read(n) discards what arrives: the stream's buffer never grows past n bytes.
+        with suppress(Exception):
+            deadline = asyncio.get_running_loop().time() + LINGER_SECONDS
+            while await asyncio.wait_for(stream.reader.read(4096), deadline - asyncio.get_running_loop().time()):
+                pass
 
 
 async def serve_stream(stream: PeerStream) -> AsyncIterator[dict[str, Any]]:
@@ -152,7 +170,7 @@ async def serve_stream(stream: PeerStream) -> AsyncIterator[dict[str, Any]]:
     while True:
         try:
             msg = await stream.recv_raw()
-        except FrameTooLarge as e:
+        except (FrameTooLarge, FrameTimeout) as e:
             with suppress(ConnectionError):
                 await write_frame(stream.writer, encode_message(e.to_message()))
             return
@@ -184,21 +202,45 @@ def stream_handler(serve: Callable[[PeerStream], Awaitable[None]], limits: Limit
     unexpected exception, and treats cancellation as the end of the stream: hivemind cancels
     handler tasks when its P2P object shuts down, and a cancelled handler task makes asyncio
     print a spurious traceback from its stream callback.
+
+    Per remote peer (libp2p authenticates its id), at most `limits.max_streams_per_peer` streams
+    are served at once (more are answered with a `limit` error and closed), and the frames being
+    read from all its streams share a buffer of `limits.peer_buffer_bytes`.
     """
+    remotes: dict[str, _Remote] = {}
 
     async def handler(stream_info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer_id = getattr(stream_info, "peer_id", None)
-        stream = PeerStream(
-            reader, writer, limits, remote_peer_id=str(peer_id) if peer_id is not None else ""
-        )
+        remote_id = str(peer_id) if peer_id is not None else ""
+        remote = remotes.get(remote_id)
+        if remote is None:
+            remote = remotes[remote_id] = _Remote(ByteBudget(limits.peer_buffer_bytes))
+        stream = PeerStream(reader, writer, limits, remote_peer_id=remote_id, budget=remote.budget)
+        remote.streams += 1
         try:
+            if remote.streams > limits.max_streams_per_peer:
+                await refuse(stream, ProtocolError(
+                    "limit", f"more than {limits.max_streams_per_peer} streams open from one peer; "
+                    "close some (one stream per session) or use another peer"))
+                return
             await serve(stream)
         except asyncio.CancelledError:
             logger.debug(f"handler for {stream.remote_peer_id} cancelled (P2P shutting down)")
         except Exception:
             logger.exception(f"stream handler for {stream.remote_peer_id} crashed")
         finally:
+            remote.streams -= 1
+            if remote.streams == 0:
+                remotes.pop(remote_id, None)
             stream._broken = stream._broken or "handler finished"
             writer.close()
 
     return handler
+
+
+class _Remote:
+    """What one remote peer holds on this side: open streams, and its share of frame buffers."""
+
+    def __init__(self, budget: ByteBudget) -> None:
+        self.budget = budget
+        self.streams = 0

@@ -40,6 +40,17 @@ class FrameTooLarge(ProtocolError):
         self.limit = limit
 
 
+class FrameTimeout(ProtocolError):
+    """A frame's payload did not arrive in time after its header: the stream stopped mid-frame.
+
+    Like FrameTooLarge, the stream cannot be resynchronised: answer and close it.
+    """
+
+    def __init__(self, declared: int, seconds: float | None) -> None:
+        super().__init__("timeout", f"a frame of {declared} bytes did not arrive within {seconds:.0f} s")
+        self.declared = declared
+
+
 class ConnectionClosed(ConnectionError):
     """The stream ended. `clean` is True at a frame boundary, False when a frame was cut short."""
 
