@@ -6,6 +6,7 @@ Files and the concept each one owns:
   framing.py     read_frame / write_frame: 4-byte big-endian length + payload over asyncio streams
   codec.py       Limits, encode_message / decode_message (msgpack), encode_tensor / decode_tensor
   messages.py    PROTOCOL_NAME, message type constants, ERROR_CODES, require_* field validators
+  schema.py      the typed messages: one dataclass per message, from_wire (validated) / to_wire
   connection.py  PeerStream (send / recv / request / close), open_stream, serve_stream, stream_handler
   dht.py         SwarmNode: hivemind.DHT wrapper — announce, fetch_view, list_models, reports
   identity.py    the node's libp2p RSA key: identity files (mode checked), peer id of a public key

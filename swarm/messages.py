@@ -60,6 +60,7 @@ ERROR_CODES: dict[str, bool] = {
     "too_long": False,  # the step would pass the session's max_length
     "limit": False,  # a request above one of the peer's limits (batch size, ...)
     "rate_limited": True,  # more steps per second from this client than the peer allows
+    "too_many_sessions": True,  # this client already holds the most sessions one client may hold here
 }
 
 
