@@ -1,7 +1,7 @@
 """Discrete-event simulation of a churning swarm that balances itself with routing/.
 
 Peers join (choose_layers), check every randomised balance period whether to move
-(should_move), and leave abruptly; clients plan routes (plan_route). The simulator calls
+(should_move), and leave abruptly or gracefully; clients plan routes (plan_route). The simulator calls
 the same routing functions the peer and client code call: the array-level forms
 choose_window / plan_move on per-layer arrays it keeps incrementally (so a 10,000-peer
 swarm needs no O(peers) view rebuild per decision), and plan_route on a real SwarmView
@@ -12,10 +12,19 @@ built at each route sample.
 Model: a peer holds k layers (its memory) and pushes `thr` tokens/s through all of them;
 it adds thr to the throughput of each of its layers. Loading weights takes
 LOAD_S_PER_LAYER * k seconds, during which the peer is JOINING (counted by balancing,
-serves no routes). Departures are abrupt (a crash or a closed laptop): exponential
-lifetimes at rate `churn` per hour; arrivals are Poisson at peers * churn per hour, so the
-population stays near `peers`. The model has num_layers = sum(k) / redundancy layers,
-so `redundancy` is how many times the swarm's memory could hold the model.
+serves no routes). Lifetimes are exponential at rate `churn` per hour; arrivals are Poisson
+at peers * churn per hour, so the population stays near `peers`. A share `graceful` of the
+departures drain (swarm-peer drain / SIGTERM): the peer turns DRAINING, leaves balancing's
+counts but keeps serving until every layer it holds has another ONLINE server or
+`drain_max_s` passes. The rest are abrupt (a crash, a closed laptop).
+
+Reaction: peers re-read the DHT every WATCH_PERIOD_S and decide at once (routing.urgent_layers)
+when some layer has no ONLINE server: a DRAINING sole server, or a gap an abrupt departure
+left once its record expired (RECORD_TTL_S). The first peer (random order) whose plan_move
+says move, moves; the others then see the layers taken.
+
+The model has num_layers = sum(k) / redundancy layers, so `redundancy` is how many times
+the swarm's memory could hold the model.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from routing import DEFAULT_QUALITY, NoRouteError, choose_window, plan_move, plan_route, route_cost
+from routing.flow import max_flow_of
+from routing.spread import flow_weights
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
 # GPU classes (layers held, median tokens/s through them, share of peers): a mix of
@@ -45,6 +56,9 @@ BALANCE_PERIOD_S = 600.0
 METRIC_PERIOD_S = 60.0  # bottleneck / bound sampled once a simulated minute
 ROUTE_PERIOD_S = 600.0  # a client route planned every 10 simulated minutes
 RTT_RANGE_S = (0.01, 0.15)  # client-to-peer round trips, uniform
+WATCH_PERIOD_S = 10.0  # peers re-read the view this often to spot layers nobody ONLINE serves
+RECORD_TTL_S = 30.0  # an abruptly gone peer's record vanishes within this (swarm-peer --announce-ttl)
+DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are not covered
 
 
 @dataclass
@@ -58,6 +72,10 @@ class SimConfig:
     quality: float = DEFAULT_QUALITY
     balance_period_s: float = BALANCE_PERIOD_S
     load_s_per_layer: float = LOAD_S_PER_LAYER
+    graceful: float = 0.0  # share of departures that drain instead of vanishing
+    drain_max_s: float = DRAIN_MAX_S
+    react: bool = True  # decide at once when a layer has no ONLINE server (else wait for the period)
+    redundancy_aware: bool = True  # balance on (servers up to REDUNDANCY, throughput), not throughput alone
 
 
 @dataclass
@@ -68,6 +86,8 @@ class _Peer:
     rtt: float
     layers: LayerRange | None = None
     online: bool = False
+    draining: bool = False
+    drain_deadline: float = 0.0
     generation: int = 0  # bumped on every move, so a stale "online" event is ignored
 
 
@@ -83,6 +103,12 @@ class SimResult:
     joins: int
     departures: int
     migrations: int
+    drains: int  # graceful departures
+    drains_timed_out: int  # drains that left before their layers were covered
+    drain_s_mean: float | None  # seconds from DRAINING to leaving
+    flow_vs_bound_mean: float | None  # max flow of the ONLINE placement / capacity bound
+    spread_vs_bound_mean: float | None  # flow the spread routes carry (flow_weights) / capacity bound
+    load_spread_mean: float | None  # max / mean peer utilisation under the spread routes
     route_cost_s_mean: float | None
     route_hops_mean: float | None
     route_plan_ms_mean: float | None
@@ -92,18 +118,25 @@ class SimResult:
 
 
 class _Swarm:
-    """Per-layer arrays kept incrementally: throughput (ONLINE + JOINING), ONLINE throughput and count."""
+    """Per-layer arrays kept incrementally.
+
+    Balancing's view (ONLINE + JOINING, not DRAINING): thr, counted. Serving (ONLINE, DRAINING
+    too): online_thr, online_n, uncovered. Staying servers (ONLINE, not DRAINING): staying_n.
+    """
 
     def __init__(self, num_layers: int) -> None:
         self.thr = [0.0] * num_layers
+        self.counted = [0] * num_layers
         self.online_thr = [0.0] * num_layers
         self.online_n = [0] * num_layers
+        self.staying_n = [0] * num_layers
         self.uncovered = num_layers
 
     def place(self, p: _Peer, sign: int) -> None:
         for layer in range(p.layers.start, p.layers.end):
+            self.counted[layer] += sign
             self.thr[layer] += sign * p.thr
-            if self.thr[layer] < 1e-9:
+            if self.thr[layer] < 1e-9 or not self.counted[layer]:
                 self.thr[layer] = 0.0  # no float residue: 0 must mean "nobody"
 
     def serve(self, p: _Peer, sign: int) -> None:
@@ -115,6 +148,13 @@ class _Swarm:
                 self.uncovered += 1
             elif n == 1 and sign > 0:
                 self.uncovered -= 1
+
+    def stay(self, p: _Peer, sign: int) -> None:
+        for layer in range(p.layers.start, p.layers.end):
+            self.staying_n[layer] += sign
+
+    def covered_without(self, p: _Peer) -> bool:
+        return all(self.staying_n[layer] > 0 for layer in range(p.layers.start, p.layers.end))
 
 
 class _MinusOne:
@@ -142,6 +182,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     for p in initial:
         p.k = min(p.k, num_layers)
     swarm = _Swarm(num_layers)
+    counts = swarm.counted if cfg.redundancy_aware else None
     peers: dict[str, _Peer] = {}
     events: list[tuple[float, int, str, str, int]] = []
     seq = 0
@@ -155,17 +196,54 @@ def simulate(cfg: SimConfig) -> SimResult:
     leave_rate = cfg.churn / per_hour  # per peer per second
 
     def admit(p: _Peer, now: float, instant: bool) -> None:
-        p.layers = choose_window(swarm.thr, p.k)
+        p.layers = choose_window(swarm.thr, p.k, counts)
         peers[p.peer_id] = p
         swarm.place(p, +1)
         if instant:
-            p.online = True
-            swarm.serve(p, +1)
+            go_online(p)
         else:
             push(now + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
         if leave_rate > 0:
             push(now + rng.expovariate(leave_rate), "depart", p.peer_id)
         push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
+
+    def go_online(p: _Peer) -> None:
+        p.online = True
+        swarm.serve(p, +1)
+        swarm.stay(p, +1)
+
+    def leave(p: _Peer) -> None:
+        if not p.draining:
+            swarm.place(p, -1)
+        if p.online:
+            swarm.serve(p, -1)
+            if not p.draining:
+                swarm.stay(p, -1)
+        del peers[p.peer_id]
+
+    def try_move(p: _Peer, now: float) -> bool:
+        others = swarm.thr[:]
+        counted = swarm.counted[:] if counts is not None else None
+        for layer in range(p.layers.start, p.layers.end):
+            others[layer] = max(0.0, others[layer] - p.thr)
+            if counted is not None:
+                counted[layer] -= 1
+            if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
+                others[layer] = 0.0
+        target = plan_move(others, _MinusOne(swarm.staying_n, p.layers), p.layers, p.thr, cfg.quality, counted)
+        if target is None:
+            return False
+        swarm.serve(p, -1)
+        swarm.stay(p, -1)
+        swarm.place(p, -1)
+        p.layers, p.online, p.generation = target, False, p.generation + 1
+        swarm.place(p, +1)
+        push(now + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
+        return True
+
+    def maybe_react(now: float, delay: float) -> None:
+        if cfg.react and 0 in swarm.staying_n:
+            push(now + delay + rng.uniform(0.0, WATCH_PERIOD_S), "react")
 
     for p in initial:  # a warm swarm: the first peers are already loaded at t = 0
         admit(p, 0.0, instant=True)
@@ -178,7 +256,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     for t in range(0, int(end) + 1, int(ROUTE_PERIOD_S)):
         push(float(t) + 0.5, "route")
 
-    joins = departures = migrations = routes_failed = 0
+    joins = departures = migrations = routes_failed = drains = drains_timed_out = 0
     uncovered_time = uncovered_layer_time = 0.0
     peer_seconds = 0.0
     last = 0.0
@@ -187,6 +265,11 @@ def simulate(cfg: SimConfig) -> SimResult:
     route_costs: list[float] = []
     route_hops: list[int] = []
     plan_ms: list[float] = []
+    drain_s: list[float] = []
+    flow_ratios: list[float] = []
+    spread_ratios: list[float] = []
+    load_spreads: list[float] = []
+    drain_started: dict[str, float] = {}
 
     while events and events[0][0] <= end:
         now, _, kind, pid, gen = heapq.heappop(events)
@@ -202,32 +285,48 @@ def simulate(cfg: SimConfig) -> SimResult:
             next_index += 1
             joins += 1
             push(now + rng.expovariate(cfg.peers * leave_rate), "arrive")
-        elif kind == "depart" and p is not None:
+        elif kind == "depart" and p is not None and not p.draining:
             departures += 1
-            swarm.place(p, -1)
-            if p.online:
-                swarm.serve(p, -1)
-            del peers[pid]
+            if p.online and rng.random() < cfg.graceful:
+                drains += 1
+                p.draining, p.drain_deadline = True, now + cfg.drain_max_s
+                drain_started[pid] = now
+                swarm.place(p, -1)  # leaves balancing at once: others see its layers thin
+                swarm.stay(p, -1)
+                if swarm.covered_without(p):
+                    push(now, "drained", pid)
+                else:
+                    push(p.drain_deadline, "drained", pid)
+                    maybe_react(now, 0.0)
+            else:
+                leave(p)
+                maybe_react(now, rng.uniform(0.0, RECORD_TTL_S))
+        elif kind == "drained" and p is not None and p.draining:
+            if now < p.drain_deadline and not swarm.covered_without(p):
+                continue
+            drains_timed_out += now >= p.drain_deadline and not swarm.covered_without(p)
+            drain_s.append(now - drain_started.pop(pid))
+            leave(p)
         elif kind == "online" and p is not None and gen == p.generation:
-            p.online = True
-            swarm.serve(p, +1)
+            go_online(p)
+            for q in [q for q in peers.values() if q.draining]:  # few at a time
+                if swarm.covered_without(q):
+                    push(now, "drained", q.peer_id)
+        elif kind == "react":
+            if 0 not in swarm.staying_n:
+                continue
+            candidates = [q for q in peers.values() if q.online and not q.draining]
+            rng.shuffle(candidates)
+            for q in candidates:
+                if try_move(q, now):
+                    migrations += 1
+                    break
         elif kind == "balance" and p is not None:
             push(now + rng.uniform(0.5, 1.5) * cfg.balance_period_s, "balance", pid)
-            if not p.online:
+            if not p.online or p.draining:
                 continue  # still loading: judge the range once it serves
-            others = swarm.thr[:]
-            for layer in range(p.layers.start, p.layers.end):
-                others[layer] = max(0.0, others[layer] - p.thr)
-                if others[layer] < 1e-9:
-                    others[layer] = 0.0
-            target = plan_move(others, _MinusOne(swarm.online_n, p.layers), p.layers, p.thr, cfg.quality)
-            if target is not None:
+            if try_move(p, now):
                 migrations += 1
-                swarm.serve(p, -1)
-                swarm.place(p, -1)
-                p.layers, p.online, p.generation = target, False, p.generation + 1
-                swarm.place(p, +1)
-                push(now + cfg.load_s_per_layer * p.k, "online", pid, p.generation)
         elif kind == "metric":
             bound = sum(q.thr * q.k for q in peers.values()) / num_layers
             ratio = (min(swarm.online_thr) if not swarm.uncovered else 0.0) / bound if bound else 0.0
@@ -237,9 +336,11 @@ def simulate(cfg: SimConfig) -> SimResult:
             series["uncovered_layers"].append(swarm.uncovered)
             series["migrations"].append(migrations)
         elif kind == "route":
+            serving = [q for q in peers.values() if q.online]
             records = {
-                q.peer_id: PeerRecord(q.peer_id, "sim", q.layers, PeerState.ONLINE, q.thr, free_pages=100)
-                for q in peers.values() if q.online
+                q.peer_id: PeerRecord(q.peer_id, "sim", q.layers,
+                                      PeerState.DRAINING if q.draining else PeerState.ONLINE, q.thr, free_pages=100)
+                for q in serving
             }
             view = SwarmView("sim", num_layers, records, {q: peers[q].rtt for q in records})
             t0 = time.perf_counter()
@@ -251,10 +352,19 @@ def simulate(cfg: SimConfig) -> SimResult:
             plan_ms.append((time.perf_counter() - t0) * 1e3)
             route_costs.append(route_cost(view, route))
             route_hops.append(len(route))
+            flow, spread, spread_load = _flows(serving, num_layers)
+            bound = sum(q.thr * q.k for q in peers.values()) / num_layers
+            flow_ratios.append(flow / bound)
+            spread_ratios.append(spread / bound)
+            load_spreads.append(spread_load)
 
     hours = end / per_hour
     mean_peers = peer_seconds / end if end else len(peers)
     ordered = sorted(ratios)
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
     return SimResult(
         config=asdict(cfg),
         num_layers=num_layers,
@@ -266,13 +376,39 @@ def simulate(cfg: SimConfig) -> SimResult:
         joins=joins,
         departures=departures,
         migrations=migrations,
-        route_cost_s_mean=sum(route_costs) / len(route_costs) if route_costs else None,
-        route_hops_mean=sum(route_hops) / len(route_hops) if route_hops else None,
-        route_plan_ms_mean=sum(plan_ms) / len(plan_ms) if plan_ms else None,
+        drains=drains,
+        drains_timed_out=drains_timed_out,
+        drain_s_mean=mean(drain_s),
+        flow_vs_bound_mean=mean(flow_ratios),
+        spread_vs_bound_mean=mean(spread_ratios),
+        load_spread_mean=mean(load_spreads),
+        route_cost_s_mean=mean(route_costs),
+        route_hops_mean=mean([float(h) for h in route_hops]),
+        route_plan_ms_mean=mean(plan_ms),
         routes_failed=routes_failed,
         wall_s=time.perf_counter() - wall0,
         series=series,
     )
+
+
+def _flows(serving: list[_Peer], num_layers: int) -> tuple[float, float, float]:
+    """(max flow of the serving placement, flow the spread split carries, its max / mean utilisation)."""
+    spans = [q.layers for q in serving]
+    caps = [q.thr * q.k for q in serving]
+    flow = max_flow_of(list(zip(spans, caps)), num_layers)
+    weights = flow_weights(spans, caps, num_layers)
+    totals = [0.0] * (num_layers + 1)
+    for span, w in zip(spans, weights):
+        totals[span.start] += w
+        totals[span.end] -= w
+    inverse = [0.0] * (num_layers + 1)
+    running = 0.0
+    for layer in range(num_layers):
+        running += totals[layer]
+        inverse[layer + 1] = inverse[layer] + 1.0 / running
+    per_flow = [w * (inverse[s.end] - inverse[s.start]) / c for s, w, c in zip(spans, weights, caps)]
+    spread = 1.0 / max(per_flow)  # the flow at which the first peer is full
+    return flow, spread, max(per_flow) / (sum(per_flow) / len(per_flow))
 
 
 def format_table(r: SimResult) -> str:
@@ -284,7 +420,11 @@ def format_table(r: SimResult) -> str:
         ("uncovered layer-time", f"{r.uncovered_layer_time_fraction:.5%}"),
         ("bottleneck / bound (mean, p10)", f"{r.bottleneck_vs_bound_mean:.1%}, {r.bottleneck_vs_bound_p10:.1%}"),
         ("migrations per peer per hour", f"{r.migrations_per_peer_hour:.3f} ({r.migrations} moves)"),
-        ("joins / departures", f"{r.joins} / {r.departures}"),
+        ("joins / departures (graceful, timed out)", f"{r.joins} / {r.departures} ({r.drains}, {r.drains_timed_out})"),
+        ("drain time (mean)", "n/a" if r.drain_s_mean is None else f"{r.drain_s_mean:.0f} s"),
+        ("max flow / bound; spread routes / bound", "n/a" if r.flow_vs_bound_mean is None else
+         f"{r.flow_vs_bound_mean:.1%}; {r.spread_vs_bound_mean:.1%}"),
+        ("load spread (max / mean utilisation)", "n/a" if r.load_spread_mean is None else f"{r.load_spread_mean:.2f}"),
         ("route cost s/token, hops (mean)",
          "n/a" if r.route_cost_s_mean is None else f"{r.route_cost_s_mean:.3f} s, {r.route_hops_mean:.1f} hops"),
         ("plan_route time (mean) / failed", f"{(r.route_plan_ms_mean or 0):.1f} ms / {r.routes_failed}"),
@@ -330,10 +470,16 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--layers", type=int, default=None, help="model layers (overrides --redundancy)")
     ap.add_argument("--quality", type=float, default=DEFAULT_QUALITY)
     ap.add_argument("--balance-period", type=float, default=BALANCE_PERIOD_S, help="mean seconds")
+    ap.add_argument("--graceful", type=float, default=0.0, help="share of departures that drain first")
+    ap.add_argument("--drain-max", type=float, default=DRAIN_MAX_S, help="seconds a drain may wait")
+    ap.add_argument("--no-react", action="store_true", help="peers wait for their period even when a layer has no ONLINE server")
+    ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no redundancy)")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
-    cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period)
+    cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
+                    graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
+                    redundancy_aware=not a.throughput_only)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

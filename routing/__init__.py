@@ -4,26 +4,30 @@ Every function here is deterministic: equal inputs give equal outputs, ties incl
 Only `swarm.types` is imported from the rest of the project.
 
 - costs.py   RouteCosts, hop_cost: what one hop of a route costs in seconds per token.
-- route.py   plan_route, route_cost, NoRouteError: the fastest chain of ONLINE peers
+- route.py   plan_route, route_cost, NoRouteError: the fastest chain of serving peers
              covering a span of layers (shortest path over layer boundaries).
 - bans.py    BanList: peers that failed recently, exponential backoff; its penalties()
              feed plan_route(banned=...).
-- balance.py layer_throughput, layer_servers, choose_layers, should_move (and their
-             array-level forms choose_window, plan_move): which layers a peer should serve.
-- spread.py  choose_route, sample_route: a busy swarm's sessions spread over parallel routes
-             in proportion to spare capacity (the fastest route while it has room).
+- balance.py layer_throughput, layer_counts, layer_servers, choose_layers, should_move,
+             urgent_layers (array-level forms: choose_window, plan_move): which layers a
+             peer should serve, redundancy before speed; when to decide at once.
+- spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
+             parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
              (exact max flow on the layer graph), the optimum placement and routing aim at.
 """
 
 from routing.balance import (
     DEFAULT_QUALITY,
+    REDUNDANCY,
     choose_layers,
     choose_window,
+    layer_counts,
     layer_servers,
     layer_throughput,
     plan_move,
     should_move,
+    urgent_layers,
 )
 from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
 from routing.costs import RouteCosts, hop_cost
@@ -36,6 +40,7 @@ __all__ = [
     "BAN_CAP_S",
     "BAN_FACTOR",
     "DEFAULT_QUALITY",
+    "REDUNDANCY",
     "BanList",
     "NoRouteError",
     "RouteCosts",
@@ -44,6 +49,7 @@ __all__ = [
     "choose_window",
     "capacity_bound",
     "hop_cost",
+    "layer_counts",
     "layer_servers",
     "layer_throughput",
     "max_flow_throughput",
@@ -52,4 +58,5 @@ __all__ = [
     "route_cost",
     "sample_route",
     "should_move",
+    "urgent_layers",
 ]

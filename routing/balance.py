@@ -9,6 +9,13 @@ JOINING peers count towards throughput here (but not in routing): a joining peer
 already chosen its layers and is loading them, and ignoring it would send the next peers
 to join or move to the same thin spot while it loads (herding). Only ONLINE peers count
 as servers when checking that a move uncovers nothing, since a loading peer serves no one.
+DRAINING peers count nowhere here: they are leaving, so their layers look as thin as they
+will be, and peers that can take them over do so while the drainer still serves.
+
+Redundancy comes before speed: given per-layer server counts, a layer with fewer than
+REDUNDANCY servers is weaker than any layer with REDUNDANCY or more, whatever their
+throughput. A layer with one server is one abrupt departure from a gap that lasts a whole
+weight load; a second server turns that departure into a repair with no gap.
 
 The array-level functions (choose_window, plan_move) take per-layer lists so a simulator
 can keep them incrementally; choose_layers / should_move are the same on a SwarmView.
@@ -16,6 +23,7 @@ can keep them incrementally; choose_layers / should_move are the same on a Swarm
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
@@ -25,6 +33,9 @@ from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 # and breaks the sessions on the old range, so small gains are not worth it; and a margin
 # this wide stops two peers from swapping back and forth on measurement noise.
 DEFAULT_QUALITY = 0.75
+# Servers per layer wanted before throughput counts: with two, one abrupt departure leaves the
+# layer served while a replacement loads; a third would cost memory a 2x swarm does not have.
+REDUNDANCY = 2
 
 _COUNTED = (PeerState.ONLINE, PeerState.JOINING)
 
@@ -49,10 +60,23 @@ def layer_servers(view: SwarmView, *, without: str | None = None) -> list[int]:
     return out
 
 
-def choose_window(throughput: Sequence[float], num_layers: int) -> LayerRange:
+def layer_counts(view: SwarmView, *, without: str | None = None) -> list[int]:
+    """Per-layer count of ONLINE and JOINING peers (the servers balancing counts on)."""
+    out = [0] * view.num_layers
+    for r in view.records.values():
+        if r.state in _COUNTED and r.peer_id != without:
+            for layer in range(r.layers.start, min(r.layers.end, view.num_layers)):
+                out[layer] += 1
+    return out
+
+
+def choose_window(
+    throughput: Sequence[float], num_layers: int, servers: Sequence[int] | None = None
+) -> LayerRange:
     """The window of `num_layers` consecutive layers that most needs another server.
 
-    Ranked by, in order: most uncovered layers (throughput <= 0) inside; lowest minimum
+    Ranked by, in order: most uncovered layers (throughput <= 0) inside; if `servers` (per-layer
+    counts) is given, most layers with fewer than REDUNDANCY servers inside; lowest minimum
     throughput inside (the window holds the bottleneck); lowest total throughput inside;
     lowest start. Runs in O(layers) with C-speed builtins on the common path.
     """
@@ -67,6 +91,8 @@ def choose_window(throughput: Sequence[float], num_layers: int) -> LayerRange:
     lowest = min(throughput)
     if lowest <= 0:
         return _cover_most_gaps(throughput, k)
+    if servers is not None and min(servers) < REDUNDANCY:
+        return _cover_most_thin(throughput, servers, k)
     # Only windows containing a layer at the global minimum can have the lowest minimum.
     candidates: set[int] = set()
     position = _index(throughput, lowest, 0)
@@ -83,6 +109,7 @@ def plan_move(
     current: LayerRange,
     my_throughput: float,
     quality: float = DEFAULT_QUALITY,
+    others_counted: Sequence[int] | None = None,
 ) -> LayerRange | None:
     """Where a peer now serving `current` should move, or None to stay.
 
@@ -97,10 +124,16 @@ def plan_move(
     The swarm's global bottleneck therefore never drops, and rises when it lies in the
     candidate; each move also strictly improves the sorted throughput vector, so moves
     cannot cycle.
+
+    With `others_counted` (per-layer ONLINE + JOINING counts without this peer) a layer's
+    strength is the pair (min(servers, REDUNDANCY), throughput), compared in that order: the
+    candidate is choose_window(others, k, others_counted), and the peer moves when the
+    weakest touched layer gains a server below REDUNDANCY, or keeps its count and passes the
+    throughput test above. The sorted vector of pairs then strictly improves: still no cycles.
     """
     if not 0 < quality <= 1:
         raise ValueError(f"quality must be in (0, 1], got {quality}")
-    target = choose_window(others, len(current))
+    target = choose_window(others, len(current), others_counted)
     if target == current:
         return None
     for layer in range(current.start, current.end):
@@ -109,14 +142,33 @@ def plan_move(
     mine = set(range(current.start, current.end))
     theirs = set(range(target.start, target.end))
     touched = mine | theirs  # only these layers change; far-apart ranges stay O(k)
-    before = min(others[layer] + (my_throughput if layer in mine else 0.0) for layer in touched)
-    after = min(others[layer] + (my_throughput if layer in theirs else 0.0) for layer in touched)
-    return target if before < quality * after else None
+    if others_counted is None:
+        before = min(others[layer] + (my_throughput if layer in mine else 0.0) for layer in touched)
+        after = min(others[layer] + (my_throughput if layer in theirs else 0.0) for layer in touched)
+        return target if before < quality * after else None
+    weakest_now = min(_strength(others, others_counted, layer, layer in mine, my_throughput) for layer in touched)
+    weakest_then = min(_strength(others, others_counted, layer, layer in theirs, my_throughput) for layer in touched)
+    if weakest_now[0] != weakest_then[0]:
+        return target if weakest_now[0] < weakest_then[0] else None
+    return target if weakest_now[1] < quality * weakest_then[1] else None
+
+
+def _strength(others: Sequence[float], counted: Sequence[int], layer: int, mine: bool, thr: float) -> tuple[int, float]:
+    return (min(counted[layer] + mine, REDUNDANCY), others[layer] + (thr if mine else 0.0))
+
+
+def urgent_layers(view: SwarmView) -> list[int]:
+    """Layers that no ONLINE peer serves: uncovered, or served only by DRAINING peers.
+
+    A peer that sees any should decide at once instead of at its next balance period: a
+    draining peer waits for a replacement, and a gap stops every client.
+    """
+    return [layer for layer, n in enumerate(layer_servers(view)) if n == 0]
 
 
 def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:
     """The layers a new peer that can hold `num_layers` layers should serve (see choose_window)."""
-    return choose_window(layer_throughput(view), num_layers)
+    return choose_window(layer_throughput(view), num_layers, layer_counts(view))
 
 
 def should_move(
@@ -142,6 +194,7 @@ def should_move(
         current,
         record.throughput if my_throughput is None else my_throughput,
         quality,
+        layer_counts(view, without=me),
     )
 
 
@@ -175,6 +228,35 @@ def _cover_most_gaps(throughput: Sequence[float], k: int) -> LayerRange:
 
     best = min(candidates, key=rank)
     return LayerRange(best, best + k)
+
+
+def _cover_most_thin(throughput: Sequence[float], servers: Sequence[int], k: int) -> LayerRange:
+    """Windows ranked by (most layers below REDUNDANCY servers, lowest minimum, lowest total, start).
+
+    One sweep: prefix sums give each window's thin count and total, a monotonic deque its minimum.
+    """
+    total = len(throughput)
+    thin = [0] * (total + 1)
+    sums = [0.0] * (total + 1)
+    for layer in range(total):
+        thin[layer + 1] = thin[layer] + (servers[layer] < REDUNDANCY)
+        sums[layer + 1] = sums[layer] + throughput[layer]
+    best: tuple[int, float, float, int] | None = None
+    window: deque[int] = deque()  # layers whose throughput increases from front to back
+    for layer in range(total):
+        while window and throughput[window[-1]] >= throughput[layer]:
+            window.pop()
+        window.append(layer)
+        start = layer - k + 1
+        if start < 0:
+            continue
+        if window[0] < start:
+            window.popleft()
+        rank = (-(thin[layer + 1] - thin[start]), throughput[window[0]], sums[layer + 1] - sums[start], start)
+        if best is None or rank < best:
+            best = rank
+    assert best is not None
+    return LayerRange(best[3], best[3] + k)
 
 
 def _index(values: Sequence[float], value: float, start: int) -> int:

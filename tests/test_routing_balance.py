@@ -9,8 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from routing import (
+    REDUNDANCY,
     choose_layers,
     choose_window,
+    layer_counts,
     layer_servers,
     layer_throughput,
     plan_move,
@@ -90,9 +92,10 @@ def test_should_not_move_for_a_small_gain() -> None:
     # Without b: 10 | 9. Local bottleneck 9 now, min(10, 11) = 10 after: only 1.11x.
     assert should_move(v, "b") is None
     assert should_move(v, "b", quality=1.0) == LayerRange(4, 8)  # any strict gain
-    v = view(8, rec("a", "0:4", 10.0), rec("b", "0:4", 2.0), rec("c", "4:8", 6.0))
-    assert should_move(v, "b") is None  # 6 now, min(10, 8) = 8 after: 1.33x is not more
-    assert should_move(v, "b", my_throughput=6.0) == LayerRange(4, 8)  # 6 -> min(10, 12)
+    # The throughput rule alone (no server counts): 6 now, min(10, 8) = 8 after: 1.33x is not more.
+    others, online, current = [10.0] * 4 + [6.0] * 4, [1] * 8, LayerRange(0, 4)
+    assert plan_move(others, online, current, 2.0) is None
+    assert plan_move(others, online, current, 6.0) == LayerRange(4, 8)  # 6 -> min(10, 12)
     with pytest.raises(ValueError):
         should_move(v, "b", quality=0.0)
 
@@ -151,3 +154,62 @@ def test_choose_window_matches_brute_force_ranking(throughput, k) -> None:
     windows = [throughput[s : s + k] for s in range(len(throughput) - k + 1)]
     best = min(range(len(windows)), key=lambda s: (-windows[s].count(0.0), min(windows[s]), sum(windows[s]), s))
     assert choose_window(throughput, k) == LayerRange(best, best + k)
+
+
+def test_a_second_server_for_a_single_served_layer_comes_before_speed() -> None:
+    # 0:4 has three servers, 4:8 one very fast one: one departure there opens a gap.
+    v = view(8, rec("a", "0:4", 1.0), rec("b", "0:4", 1.0), rec("c", "0:4", 1.0), rec("fast", "4:8", 100.0))
+    assert layer_counts(v) == [3, 3, 3, 3, 1, 1, 1, 1]
+    assert should_move(v, "a") == LayerRange(4, 8)  # throughput alone would never move it
+    assert plan_move([2.0] * 4 + [100.0] * 4, [2] * 4 + [1] * 4, LayerRange(0, 4), 1.0) is None
+    assert choose_layers(v, 2) == LayerRange(4, 6)
+    # Once every layer has two servers, throughput decides again.
+    v2 = view(8, rec("a", "0:4", 1.0), rec("b", "0:4", 1.0), rec("x", "4:8", 1.0), rec("y", "4:8", 9.0))
+    assert choose_layers(v2, 2) == LayerRange(0, 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([0.0, 1.0, 2.0, 3.5, 8.0]), st.integers(0, 3)), min_size=2, max_size=12),
+    st.integers(0, 11),
+    st.integers(1, 6),
+    st.sampled_from([0.5, 1.0, 4.0]),
+    st.sampled_from([0.5, 0.75, 1.0]),
+)
+def test_redundancy_aware_moves_improve_the_sorted_strengths(layers, s, k, mine, quality) -> None:
+    others = [thr if count else 0.0 for thr, count in layers]
+    counted = [count if thr else 0 for thr, count in layers]
+    n = len(others)
+    current = LayerRange(min(s, n - 1), min(s, n - 1) + min(k, n - min(s, n - 1)))
+    target = plan_move(others, counted, current, mine, quality, counted)
+    if target is None:
+        return
+
+    def strengths(r: LayerRange) -> list[tuple[int, float]]:
+        return sorted((min(counted[i] + (i in r), REDUNDANCY), others[i] + (mine if i in r else 0.0))
+                      for i in range(n))
+
+    assert strengths(target) > strengths(current)  # strictly better: moves cannot cycle
+    assert min(strengths(target)) >= min(strengths(current))
+    assert all(counted[i] > 0 for i in range(current.start, current.end) if i not in target)  # nothing uncovered
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1.0, 2.0, 3.5]), st.integers(1, 3)), min_size=1, max_size=16),
+       st.integers(1, 6))
+def test_choose_window_with_counts_matches_brute_force_ranking(layers, k) -> None:
+    throughput = [t for t, _ in layers]
+    servers = [c for _, c in layers]
+    k = min(k, len(throughput))
+
+    def rank(s: int) -> tuple:
+        w = range(s, s + k)
+        thin = sum(servers[i] < REDUNDANCY for i in w)
+        return (-thin, min(throughput[i] for i in w), sum(throughput[s : s + k]), s)
+
+    best = min(range(len(throughput) - k + 1), key=rank)
+    got = choose_window(throughput, k, servers)
+    if min(servers) < REDUNDANCY:
+        assert got == LayerRange(best, best + k)
+    else:
+        assert got == choose_window(throughput, k)
