@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.layerswarm-installed
 
-.PHONY: venv test test-fast demo lint bench clean
+.PHONY: venv test test-fast demo chat lint bench clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,10 @@ test-fast: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m client.demo
+
+# A local swarm with the OpenAI-compatible gateway in front; prints the chat page's address.
+chat: $(STAMP)
+	$(PY) -m client.api.demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -17,8 +17,6 @@ import argparse
 import asyncio
 import json
 import platform
-import queue
-import subprocess
 import sys
 import tempfile
 import threading
@@ -134,19 +132,6 @@ async def run_gateway(url: str, name: str, chats: list[list[dict[str, str]]], ma
         return list(traces), time.perf_counter() - began
 
 
-def start_gateway(model_path: Path, initial_peer: str, log_dir: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "client.api.cli", "--model", str(model_path), "--initial-peers", initial_peer,
-         "--port", "0"],
-        stdout=subprocess.PIPE, stderr=open(log_dir / "api.log", "w"), stdin=subprocess.DEVNULL,  # noqa: SIM115
-        text=True, start_new_session=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    line = lines.get(timeout=300)
-    return proc, line.split()[1].rstrip("/")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=32, help="Tokens per answer (greedy; EOS may end earlier).")
@@ -154,6 +139,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from client import DistributedModel
+    from client.api.process import GatewayProcess
     from client.local_swarm import LocalSwarm
     from shards.demo_model import prepare_demo_model
 
@@ -163,7 +149,8 @@ def main() -> int:
     with LocalSwarm(log_dir, {"OMP_NUM_THREADS": "1"}) as swarm:
         swarm.start_dht()
         peers = [swarm.start_peer(model_path, r, wait=False) for r in ("0:15", "15:30")]
-        gateway, url = start_gateway(model_path, swarm.initial_peers[0], log_dir)
+        gateway = GatewayProcess(model_path, swarm.initial_peers[0], log_dir / "api.log")
+        url = gateway.url
         try:
             for peer in peers:
                 swarm.wait_online(peer)
@@ -179,8 +166,7 @@ def main() -> int:
                     rows.append(summarize("gateway", c, traces, wall))
                     print(f"  done: {c} concurrent", file=sys.stderr, flush=True)
         finally:
-            gateway.terminate()
-            gateway.wait(20)
+            gateway.stop()
 
     header = f"{'mode':9} {'conc':>4} {'tokens':>6} {'TTFT p50':>9} {'TTFT p95':>9} {'ITL p50':>8} {'ITL p95':>8} {'tok/s':>7}"
     print(header)

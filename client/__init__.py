@@ -12,6 +12,7 @@
 - `verify.py`: catching peers that return wrong results (ClientConfig.verify).
 - `local_swarm.py`: starting real peer processes on this machine (demo, benchmarks, tests).
 - `monitor/`: the `swarm-monitor` health page.
+- `api/`: `swarm-api`, the OpenAI-compatible HTTP gateway and chat page (`make chat`).
 - `cli.py`: `swarm-peer generate`; `demo.py`: `make demo`.
 """
 

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import shutil
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -25,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from client.api.process import GatewayProcess
 from client.local_swarm import LocalSwarm, SwarmProcess
 from client.model import DistributedModel
 from tests.swarm_processes import TEST_ENV, new_test_swarm
@@ -63,26 +59,13 @@ def build_chat_model(path: Path, tokenizer_source: Path) -> Path:
     return path
 
 
-class Gateway:
-    """A `python -m client.api.cli` subprocess on a free port (--port 0, read from stdout)."""
+class Gateway(GatewayProcess):
+    """`swarm-api` with an API key file, plus the two ways the tests talk to it."""
 
     def __init__(self, model: Path, initial_peer: str, key_file: Path, log_path: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "client.api.cli", "--model", str(model), "--initial-peers", initial_peer,
-             "--port", "0", "--api-key-file", str(key_file), "--log-level", "debug"],
-            stdout=subprocess.PIPE, stderr=open(log_path, "w"), stdin=subprocess.DEVNULL,  # noqa: SIM115
-            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", **TEST_ENV), start_new_session=True,
-        )
-        self.log_path = log_path
-        lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(line) for line in self.proc.stdout], daemon=True).start()
-        try:
-            line = lines.get(timeout=120)
-        except queue.Empty:
-            self.stop()
-            raise TimeoutError(f"swarm-api printed nothing in 120 s:\n{log_path.read_text()[-3000:]}") from None
-        assert line.startswith("api: http://127.0.0.1:"), line
-        self.url = line.split()[1].rstrip("/")
+        super().__init__(model, initial_peer, log_path, "--api-key-file", str(key_file), "--log-level", "debug",
+                         env=TEST_ENV)
+        assert self.url.startswith("http://127.0.0.1:"), self.url
 
     def request(self, method: str, path: str, body: Any = None, key: str | None = KEY,
                 raw: bytes | None = None) -> tuple[int, dict[str, str], str]:
@@ -99,21 +82,6 @@ class Gateway:
 
     def client(self, key: str = KEY) -> Any:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=120)
-
-    def stop(self) -> int | None:
-        helpers = psutil.Process(self.proc.pid).children(recursive=True) if self.proc.poll() is None else []
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            return self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return None
-        finally:
-            for helper in helpers:
-                if helper.is_running():
-                    helper.kill()
 
 
 @dataclass
@@ -180,7 +148,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[
             if lm is not None:
                 lm.close()
             code = gateway.stop()
-        assert code == 0, f"swarm-api did not exit 0 on SIGTERM:\n{gateway.log_path.read_text()[-3000:]}"
+        assert code == 0, f"swarm-api did not exit 0 on SIGTERM:\n{gateway.log_tail()}"
 
 
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
@@ -422,10 +390,12 @@ def test_chat_page_in_chromium(api: Api, tmp_path: Path) -> None:
                          "the stopped answer")
         assert "stopped" in third.text and not css(By.CSS_SELECTOR, ".error")
         wait_for(lambda: all(s == 0 for _, s in api.pools().values()), 20, "sessions closed after Stop")
-        driver.save_screenshot(str(tmp_path / "chat.png"))
+        # Kept where people look at results (gitignored), not in pytest's short-lived tmp dirs.
+        shots = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+        shots.mkdir(exist_ok=True)
+        driver.save_screenshot(str(shots / "api-chat.png"))
         driver.set_window_size(390, 844)
-        driver.save_screenshot(str(tmp_path / "chat-phone.png"))
-        print(f"screenshots: {tmp_path}/chat.png, chat-phone.png")
+        driver.save_screenshot(str(shots / "api-chat-phone.png"))
     finally:
         driver.quit()
 

@@ -13,4 +13,6 @@ Files and what each one owns:
   errors.py     `ApiError` in OpenAI's JSON shape; swarm failures -> 400/429/503
   metrics.py    Prometheus metrics under vLLM's names (`layerswarm:time_to_first_token_seconds`, ...)
   page.py       the chat page (inline CSS and script, no external assets)
+  process.py    `GatewayProcess`: swarm-api as a child process (make chat, benchmarks, tests)
+  demo.py       `make chat`: a local SmolLM2 swarm with the gateway in front
 """
