@@ -1,0 +1,200 @@
+"""Any libp2p speaks our protocol: a py-libp2p client generates SmolLM2 through two real peers.
+
+The client (tests/interop/libp2p_client.py) runs in its own virtual environment (.venv-interop,
+tests/interop/venv.py) and its own process: py-libp2p and hivemind cannot share a process (both
+register the protobuf package `crypto.pb`). It imports nothing of ours; it follows docs/protocol.md.
+Also here: the `view` request (peer/view.py), through a real peer and on plain data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+import pytest
+import torch
+
+from client.local_swarm import LocalSwarm
+from peer.view import MAX_VIEW_BYTES, MAX_VIEW_RECORDS, ViewService, bounded_reply
+from swarm import messages as m
+from swarm.codec import Limits
+from swarm.connection import open_stream
+from swarm.errors import RemoteError
+from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
+from tests.interop.venv import InteropUnavailable, interop_python
+from tests.swarm_processes import new_test_swarm
+
+CLIENT = Path(__file__).parent / "interop" / "libp2p_client.py"
+DECODE_STEPS = 16
+PROMPT = "The three primary colors are"
+CLIENT_TIMEOUT = 240.0  # seconds for one client run (a loaded 2-core machine decodes at ~2 tokens/s)
+
+
+@dataclass
+class SmolSwarm:
+    model: Path
+    swarm: LocalSwarm
+    entry: str  # multiaddr of the first peer: the only address the interop client is given
+    first: str  # peer ids
+    second: str
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def smol_swarm(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SmolSwarm]:
+    """A DHT and two `swarm-peer serve` of SmolLM2 (layers 0:15 and 15:30), started side by side."""
+    swarm = new_test_swarm(tmp_path_factory.mktemp("interop-swarm"))
+    try:
+        swarm.start_dht()
+        port = free_port()  # a known TCP port: the client dials /ip4/127.0.0.1/tcp/PORT/p2p/ID
+        first = swarm.start_peer(demo_model, "0:15", "--host-maddrs", f"/ip4/127.0.0.1/tcp/{port}", wait=False)
+        second = swarm.start_peer(demo_model, "15:30", wait=False)
+        swarm.wait_online(first)
+        swarm.wait_online(second)
+        entry = f"/ip4/127.0.0.1/tcp/{port}/p2p/{first.peer_id}"
+        yield SmolSwarm(demo_model, swarm, entry, first.peer_id, second.peer_id)
+    finally:
+        swarm.close()
+
+
+@pytest.fixture(scope="module")
+def interop_venv() -> Path:
+    try:
+        return interop_python()
+    except InteropUnavailable as e:
+        pytest.skip(f"py-libp2p (tests/interop/requirements.txt) could not be installed: {e}")
+
+
+@pytest.fixture(scope="module")
+def prompt_and_reference(smol_swarm: SmolSwarm) -> tuple[list[int], list[int]]:
+    """The prompt's token ids and transformers' greedy continuation: prefill + DECODE_STEPS tokens."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(smol_swarm.model)(PROMPT)["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(smol_swarm.model, dtype=torch.float32).eval()
+    out: list[int] = []
+    with torch.no_grad():  # no EOS stop: the client takes exactly DECODE_STEPS steps too
+        for _ in range(DECODE_STEPS + 1):
+            out.append(int(model(torch.tensor([ids + out])).logits[0, -1].argmax()))
+    return ids, out
+
+
+def run_client(python: Path, swarm: SmolSwarm, prompt: list[int], *extra: str) -> dict:
+    command = [str(python), str(CLIENT), "--peer", swarm.entry, "--model-dir", str(swarm.model),
+               "--prompt-ids", ",".join(map(str, prompt)), *extra]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
+    assert done.returncode == 0, f"interop client failed ({done.returncode}):\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.demo_model
+def test_py_libp2p_client_generates_like_transformers(interop_venv: Path, smol_swarm: SmolSwarm,
+                                                      prompt_and_reference) -> None:
+    prompt, reference = prompt_and_reference
+    out = run_client(interop_venv, smol_swarm, prompt, "--decode-steps", str(DECODE_STEPS))
+    assert (out["security"], out["muxer"]) == ("noise", "yamux")
+    assert out["info"]["peer_id"] == smol_swarm.first and out["info"]["layers"] == [0, 15]
+    seen = {r["peer_id"]: r["layers"] for r in out["view"]["records"]}
+    assert seen == {smol_swarm.first: [0, 15], smol_swarm.second: [15, 30]}
+    assert out["view"]["num_layers"] == 30 and out["view"]["truncated"] is False
+    # The second peer's address came from the view alone; the client relayed 0:15 -> 15:30 itself.
+    assert out["route"] == [[smol_swarm.first, 0, 15], [smol_swarm.second, 15, 30]]
+    assert out["tokens"] == reference  # prefill + 16 greedy decode steps, token for token
+
+
+@pytest.mark.slow
+@pytest.mark.demo_model
+def test_py_libp2p_client_over_tls_and_mplex(interop_venv: Path, smol_swarm: SmolSwarm, prompt_and_reference) -> None:
+    """Our peers' p2pd also accepts TLS 1.3 and mplex: the other security and muxer py-libp2p offers."""
+    prompt, reference = prompt_and_reference
+    out = run_client(interop_venv, smol_swarm, prompt, "--decode-steps", "2", "--security", "tls", "--muxer", "mplex")
+    assert (out["security"], out["muxer"]) == ("tls", "mplex")
+    assert out["tokens"] == reference[:3]
+
+
+@pytest.mark.slow
+@pytest.mark.demo_model
+async def test_view_answers_the_records_a_peer_sees(smol_swarm: SmolSwarm, swarm_node_factory) -> None:
+    node = swarm_node_factory(initial_peers=smol_swarm.swarm.initial_peers, client_mode=True)
+    p2p = await node.replicate_p2p()
+    stream = await open_stream(p2p, smol_swarm.first, Limits())
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the second peer's first announcement may still be on its way through the DHT
+            reply = await stream.request({"type": m.VIEW}, timeout=20)  # no model: the peer's own
+            if len(reply["records"]) == 2 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(1)
+        records = {r.peer_id: r for r in map(PeerRecord.from_dict, reply["records"])}
+        assert reply["model"] == smol_swarm.model.name and reply["num_layers"] == 30
+        assert {pid: str(r.layers) for pid, r in records.items()} == {smol_swarm.first: "0:15",
+                                                                      smol_swarm.second: "15:30"}
+        assert all(r.state is PeerState.ONLINE and r.addrs for r in records.values())
+        assert reply["truncated"] is False
+
+        unknown = await stream.request({"type": m.VIEW, "model": "no-such-model"}, timeout=20)
+        assert (unknown["records"], unknown["num_layers"], unknown["truncated"]) == ([], 0, False)
+        with pytest.raises(RemoteError) as refused:
+            await stream.request({"type": m.VIEW, "model": 7}, timeout=20)
+        assert refused.value.code == "bad_field"
+        info = await stream.request({"type": m.INFO}, timeout=20)  # the stream still serves
+        assert info["record"]["peer_id"] == smol_swarm.first
+    finally:
+        await stream.close()
+        await p2p.shutdown()
+
+
+def synthetic_view(count: int) -> SwarmView:
+    records = {}
+    for i in range(count):
+        state = PeerState.OFFLINE if i % 3 == 0 else PeerState.ONLINE
+        records[f"peer{i:04d}"] = PeerRecord(peer_id=f"peer{i:04d}", model="m", layers=LayerRange(0, 4),
+                                             state=state, throughput=float(i % 50), num_layers=4,
+                                             addrs=(f"/ip4/10.0.0.1/tcp/{i}/p2p/peer{i:04d}",))
+    return SwarmView(model="m", num_layers=4, records=records)
+
+
+def test_view_reply_is_bounded_and_ranked() -> None:
+    view = synthetic_view(1000)
+    reply = bounded_reply(view)
+    assert len(reply.records) == MAX_VIEW_RECORDS and reply.truncated
+    assert len(msgpack.packb(reply.to_wire(), use_bin_type=True)) <= MAX_VIEW_BYTES + 1024
+    assert all(r.state is PeerState.ONLINE for r in reply.records)  # 667 online: all slots go to them
+    throughputs = [r.throughput for r in reply.records]
+    assert throughputs == sorted(throughputs, reverse=True)
+    small = bounded_reply(view, max_bytes=4096)  # the byte budget binds before the count
+    assert 0 < len(small.records) < 40 and small.truncated
+    assert small.records == reply.records[: len(small.records)]
+    whole = bounded_reply(synthetic_view(5))
+    assert len(whole.records) == 5 and not whole.truncated
+    assert [r.state for r in whole.records][-2:] == [PeerState.OFFLINE, PeerState.OFFLINE]
+
+
+async def test_view_reads_the_dht_at_most_once_per_cache_period() -> None:
+    reads: list[str] = []
+    now = [100.0]
+
+    async def fetch(model: str) -> SwarmView:
+        reads.append(model)
+        return synthetic_view(3)
+
+    service = ViewService(fetch, default_model="m", clock=lambda: now[0])
+    replies = await asyncio.gather(*(service.answer({"type": m.VIEW}) for _ in range(20)))
+    assert reads == ["m"] and all(len(r["records"]) == 3 for r in replies)
+    await service.answer({"type": m.VIEW, "model": "other"})
+    now[0] += 10.0
+    await service.answer({"type": m.VIEW})
+    assert reads == ["m", "other", "m"]
