@@ -12,14 +12,43 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
 from peer.config import FaultyOutputs, PeerConfig, ServingLimits
 from swarm.types import LayerRange
 
-app = typer.Typer(
+# click's exception classes, from wherever this typer takes them (recent typers vendor click).
+_click_errors = sys.modules[typer.BadParameter.__module__]
+
+
+class _OneLineErrors(typer.Typer):
+    """Usage errors as ONE line on stderr saying what is wrong and what to do, exit code 2, no traceback."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            result = super().__call__(*args, standalone_mode=False, **kwargs)
+        except _click_errors.ClickException as e:
+            if type(e).__name__ == "NoArgsIsHelpError":
+                print(e.ctx.get_help())
+                sys.exit(2)
+            where = e.ctx.command_path if getattr(e, "ctx", None) else "swarm-peer"
+            message = " ".join(e.format_message().split())
+            print(f"{where}: error: {message}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            print("aborted", file=sys.stderr)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
+def fail(message: str) -> NoReturn:
+    """Stop with one line on stderr (a usage error: exit code 2)."""
+    raise _click_errors.UsageError(message)
+
+
+app = _OneLineErrors(
     help="layerswarm peer: serve a range of a model's layers to the swarm.",
     no_args_is_help=True,
     add_completion=False,
@@ -53,6 +82,22 @@ InitialPeers = Annotated[
 HostMaddrs = Annotated[
     list[str] | None,
     typer.Option("--host-maddrs", help="Multiaddr to listen on (repeatable). Default /ip4/127.0.0.1/tcp/0; use /ip4/0.0.0.0/tcp/PORT to accept other machines."),
+]
+AnnounceMaddrs = Annotated[
+    list[str] | None,
+    typer.Option("--announce-maddrs", help="Multiaddr others should dial to reach us (repeatable), e.g. /ip4/PUBLIC_IP/tcp/PORT when a router forwards PORT here. Default: the addresses we listen on."),
+]
+PublicIp = Annotated[
+    str | None,
+    typer.Option("--public-ip", help="Shorthand: announce this IP at --port (the router's public address that forwards --port to this machine)."),
+]
+Port = Annotated[
+    int | None,
+    typer.Option("--port", help="Shorthand: listen on every interface at this TCP and UDP (QUIC) port, e.g. 31337; forward it on your router to serve from home."),
+]
+NoRelay = Annotated[
+    bool,
+    typer.Option("--no-relay", help="Do not use libp2p circuit relays (neither to reach relayed peers nor, when others cannot dial us, to be reached). Relays are on by default."),
 ]
 SwarmKeyFile = Annotated[
     Path | None,
@@ -93,12 +138,20 @@ def _run_until_signal(main_coro_factory) -> None:
             loop.add_signal_handler(sig, stop.set)
         await main_coro_factory(stop)
 
-    asyncio.run(runner())
+    try:
+        asyncio.run(runner())
+    except StartupError as e:  # after the clean-up above: the last line the user sees says what to do
+        print(f"swarm-peer: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 @app.command()
 def dht(
     host_maddrs: HostMaddrs = None,
+    announce_maddrs: AnnounceMaddrs = None,
+    public_ip: PublicIp = None,
+    port: Port = None,
+    no_relay: NoRelay = False,
     initial_peers: InitialPeers = None,
     identity: Identity = None,
     swarm_key: SwarmKeyFile = None,
@@ -107,37 +160,86 @@ def dht(
     """Run a bootstrap DHT node that others join; prints its multiaddrs on stdout, one per line."""
     setup_logging(log_level)
     from swarm.dht import SwarmNode
+    from swarm.reachability import DialBackService, join_advice
 
     key = load_swarm_key(swarm_key)
+    addresses = check_addresses(initial_peers, host_maddrs, announce_maddrs, public_ip, port)
 
     async def main(stop: asyncio.Event) -> None:
-        node = SwarmNode(
+        node = await start_node(lambda: SwarmNode(
             swarm_key=key,
             initial_peers=initial_peers or [],
-            host_maddrs=host_maddrs or ["/ip4/127.0.0.1/tcp/0"],
+            host_maddrs=addresses.host,
+            announce_maddrs=addresses.announce,
+            use_relay=not no_relay,
             identity_path=str(identity) if identity else None,
-        )
+        ), initial_peers)
+        dial_back = DialBackService()  # answers joining peers' "can you reach me?"
         try:
+            await dial_back.attach(p2p := await node.replicate_p2p())
             for addr in node.visible_maddrs():
                 say(addr)
-            logger.info("DHT node %s is up; Ctrl-C to stop", node.peer_id)
+            logger.info("DHT node %s is up; %s; Ctrl-C to stop", node.peer_id, join_advice(node.visible_maddrs()))
             await stop.wait()
         finally:
+            await dial_back.close()
+            await p2p.shutdown()
             node.shutdown()
 
     _run_until_signal(main)
 
 
+def check_addresses(initial_peers, host_maddrs, announce_maddrs, public_ip, port):
+    """Validate the address options now (one line on error), before anything starts."""
+    from swarm.reachability import AddressError, parse_peer_maddr, plan_addresses
+
+    try:
+        for maddr in initial_peers or ():
+            parse_peer_maddr(maddr)
+        return plan_addresses(host_maddrs or (), announce_maddrs or (), public_ip, port)
+    except AddressError as e:
+        fail(str(e))
+
+
+async def start_node(make_node, initial_peers):
+    """Start a SwarmNode off the event loop; a daemon that cannot start or join is one line, exit code 2."""
+    from hivemind.p2p import P2PDaemonError
+
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, make_node)
+    except (P2PDaemonError, TimeoutError) as e:
+        raise StartupError(join_failure(e, initial_peers)) from None
+
+
+class StartupError(Exception):
+    """The peer could not start or join the swarm; the message says what to check."""
+
+
+def join_failure(error: Exception, initial_peers) -> str:
+    text = " ".join(str(error).split())
+    if initial_peers and "bootstrap" in text:
+        return (f"cannot reach any initial peer ({', '.join(initial_peers)}): check the address, that the peer "
+                "is running, and that its port is open from this machine (firewall, router)")
+    if "address already in use" in text:
+        return f"the listen port is taken ({text[-200:]}): choose another --port / --host-maddrs"
+    return f"the p2p daemon failed to start: {text[:300]}"
+
+
 @app.command()
 def serve(
-    model: Annotated[Path, typer.Option("--model", help="Hugging Face checkpoint folder (safetensors + config.json).")],
+    model: Annotated[str, typer.Option("--model", help="A checkpoint folder (safetensors + config.json) or a Hugging Face Hub repo id (e.g. HuggingFaceTB/SmolLM2-135M-Instruct): only config.json and the files holding the served layers are downloaded, into the HF cache (HF_HOME; HF_HUB_OFFLINE=1 uses the cache only; HF_TOKEN for gated or private repos).")],
+    revision: Annotated[str | None, typer.Option("--revision", help="Branch, tag or commit of a Hub --model (default: main).")] = None,
     layers: Annotated[str | None, typer.Option("--layers", help="Serve exactly these layers, half-open START:END (e.g. 0:15), and never move.")] = None,
     num_layers: Annotated[int | None, typer.Option("--num-layers", help="Serve this many layers where the swarm is weakest, and move when a gap opens. Default (no --layers either): as many as fit in memory.")] = None,
     balance_period: Annotated[float, typer.Option(help="Seconds between checks whether moving would help the swarm (randomised +-25%).")] = 120.0,
     balance_quality: Annotated[float, typer.Option(help="Move only if the swarm's bottleneck throughput grows by more than 1/quality.")] = 0.75,
     initial_peers: InitialPeers = None,
-    model_name: Annotated[str | None, typer.Option(help="Name of the model in the DHT. Default: the checkpoint folder's name.")] = None,
+    model_name: Annotated[str | None, typer.Option(help="Name of the model in the DHT. Default: the Hub repo id, or the checkpoint folder's name.")] = None,
     host_maddrs: HostMaddrs = None,
+    announce_maddrs: AnnounceMaddrs = None,
+    public_ip: PublicIp = None,
+    port: Port = None,
+    no_relay: NoRelay = False,
     device: Annotated[str, typer.Option(help="cpu or cuda (cuda:N).")] = "cpu",
     dtype: Annotated[str, typer.Option(help="float32, bfloat16 or float16.")] = "float32",
     quant: Annotated[str, typer.Option(help="Weight-only quantization while loading: none, int8 (per channel) or int4 (group-wise); fits 2x / ~3.5x more layers. See --dry-run.")] = "none",
@@ -155,6 +257,7 @@ def serve(
     forward_priority: Annotated[int, typer.Option(help="Scheduling priority of stateless forward requests (scoring, verification); inference steps have 0 and lower runs first. Waiting work gains one level every 4 rounds it is passed over, so nothing starves.")] = 1,
     alloc_timeout: Annotated[float, typer.Option(help="Seconds a step waits for free KV pages before a 'busy' error.")] = 5.0,
     announce_ttl: Annotated[float, typer.Option(help="Seconds the DHT keeps our record without a refresh.")] = 30.0,
+    drain_timeout: Annotated[float, typer.Option(help="On the first Ctrl-C / SIGTERM, announce DRAINING and keep serving until other peers cover our layers, at most this many seconds (a second signal stops at once). 0: stop at once.")] = 120.0,
     max_sessions: Annotated[int, typer.Option(help="Open sessions at most, all clients together.")] = 256,
     max_sessions_per_remote: Annotated[int, typer.Option(help="Open sessions at most per client peer.")] = 64,
     max_length: Annotated[int, typer.Option(help="Tokens at most per sequence of a session.")] = 8192,
@@ -170,7 +273,7 @@ def serve(
     faulty_probability: Annotated[float, typer.Option(hidden=True, help="TEST ONLY: with --faulty, lie on this fraction of results.")] = 1.0,
     log_level: Annotated[str, typer.Option(help="Logging level on stderr.")] = "info",
 ) -> None:
-    """Serve layers of a model to the swarm until Ctrl-C / SIGTERM."""
+    """Serve layers of a model to the swarm until Ctrl-C / SIGTERM (the first one drains, see --drain-timeout)."""
     setup_logging(log_level)
     layer_range = None
     if layers is not None and num_layers is not None:
@@ -191,21 +294,26 @@ def serve(
         raise typer.BadParameter("must be 64 or 128", param_hint="--quant-group-size")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"{dtype!r}: choose float32, bfloat16 or float16", param_hint="--dtype")
+    if drain_timeout < 0:
+        raise typer.BadParameter("must be 0 (no drain) or more seconds", param_hint="--drain-timeout")
     if not 0 <= cache_fraction < 1:
         raise typer.BadParameter("must be in [0, 1)", param_hint="--cache-fraction")
     if not 0 < max_client_pages_fraction <= 1:
         raise typer.BadParameter("must be in (0, 1]", param_hint="--max-client-pages-fraction")
-    if not model.is_dir():
-        raise typer.BadParameter(f"{model} is not a folder; pass a checkpoint folder", param_hint="--model")
+    addresses = check_addresses(initial_peers, host_maddrs, announce_maddrs, public_ip, port)
+    check_device(device)
+    source = resolve_checked(model, revision, layer_range, num_layers, weights=not dry_run)
     config = PeerConfig(
-        model_path=model,
+        model_path=source.path,
         layers=layer_range,
         num_layers=num_layers,
         balance_period=balance_period,
         balance_quality=balance_quality,
-        model_name=model_name or model.resolve().name,
+        model_name=model_name or source.default_name,
         initial_peers=tuple(initial_peers or ()),
-        host_maddrs=tuple(host_maddrs or ("/ip4/127.0.0.1/tcp/0",)),
+        host_maddrs=addresses.host,
+        announce_maddrs=addresses.announce,
+        use_relay=not no_relay,
         identity_path=identity,
         swarm_key=swarm_key,
         device=device,
@@ -242,25 +350,119 @@ def serve(
         return
 
     async def main(stop: asyncio.Event) -> None:
+        from hivemind.p2p import P2PDaemonError
+
         from peer.server import PeerServer
         from shards.errors import CheckpointError
+        from swarm.reachability import join_advice
 
-        server = PeerServer(config)
+        server = PeerServer(await with_reachability(config))
         try:
             try:
                 await server.start()
             except CheckpointError as e:
-                logger.error("%s", e)
-                raise SystemExit(2) from None
+                raise StartupError(str(e)) from None
+            except (P2PDaemonError, TimeoutError) as e:
+                raise StartupError(join_failure(e, config.initial_peers)) from None
             if not config.initial_peers:
                 for addr in server.visible_maddrs():
                     say(addr)
+            logger.info("%s", join_advice(server.visible_maddrs()))
             say(f"online {server.peer_id} {server.layers}")
             await stop.wait()
+            if drain_timeout > 0:
+                await drain_until_covered_or_signal(server, drain_timeout, stop)
         finally:
             await server.stop()
 
     _run_until_signal(main)
+
+
+async def drain_until_covered_or_signal(server, timeout: float, stop: asyncio.Event) -> None:
+    """Graceful departure (peer/drain.py), cut short by a second Ctrl-C / SIGTERM."""
+    stop.clear()
+    logger.info("leaving gracefully; Ctrl-C / SIGTERM again to stop at once")
+    drain = asyncio.ensure_future(server.drain(timeout))
+    second = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (drain, second):
+        task.cancel()
+    outcome = "interrupted"
+    if drain.done() and not drain.cancelled():
+        if drain.exception() is not None:
+            logger.warning("draining failed (%s); stopping now", drain.exception())
+            outcome = "failed"
+        else:
+            outcome = drain.result()
+    say(f"drained {outcome}")
+
+
+async def with_reachability(config: PeerConfig) -> PeerConfig:
+    """Ask a swarm member to dial us back; when nobody can, serve relayed (see swarm/reachability.py).
+
+    Skipped for the first node of a swarm (nobody to ask), with --no-relay, and when we listen on
+    loopback only (a test or single-machine swarm: nobody outside could reach us anyway).
+    """
+    from dataclasses import replace
+
+    from hivemind.p2p import P2PDaemonError
+
+    from swarm.reachability import UNREACHABLE_ADVICE, check_reachable, is_loopback
+
+    if not config.use_relay or not config.initial_peers:
+        return config
+    if not config.announce_maddrs and all(is_loopback(m) for m in config.host_maddrs):
+        return config
+    try:
+        reachable = await check_reachable(config.initial_peers, config.host_maddrs, config.announce_maddrs)
+    except (P2PDaemonError, TimeoutError) as e:
+        raise StartupError(join_failure(e, config.initial_peers)) from None
+    if reachable is None:
+        logger.info("no swarm member could check whether others can dial us; assuming they can")
+    if reachable is not False:
+        return config
+    addrs = ", ".join(config.announce_maddrs or config.host_maddrs)
+    logger.warning(UNREACHABLE_ADVICE.format(addrs=addrs))
+    return replace(config, relayed=True)
+
+
+def check_device(device: str) -> None:
+    """--device names a device torch can use here (checked before any download or join)."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        fail(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N")
+    if kind == "cuda" and not torch.cuda.is_available():
+        why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        fail(f"--device {device}: {why}; use --device cpu, or install a CUDA build of torch on a GPU machine")
+    if kind == "cuda" and ":" in device and torch.device(device).index >= torch.cuda.device_count():
+        fail(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here; use cuda:0..")
+    if kind not in ("cpu", "cuda"):
+        fail(f"--device {device}: only cpu and cuda are supported")
+
+
+def resolve_checked(model: str, revision: str | None, layer_range: LayerRange | None, num_layers: int | None,
+                    weights: bool):
+    """Resolve --model (folder or Hub id), check the layer options against its config, then fetch
+    the weight files the peer will load: all before joining the swarm."""
+    from shards.config import ModelConfig
+    from shards.errors import CheckpointError
+    from shards.resolve import resolve_config, resolve_for_peer
+
+    try:
+        source = resolve_config(model, revision)
+        total = ModelConfig.from_pretrained(source.path).num_layers
+        if layer_range is not None and layer_range.end > total:
+            fail(f"--layers {layer_range}: {model} has {total} layers; choose a range within 0:{total}")
+        if num_layers is not None and num_layers > total:
+            fail(f"--num-layers {num_layers}: {model} has only {total} layers")
+        if weights:
+            source = resolve_for_peer(model, revision, (layer_range.start, layer_range.end) if layer_range else None)
+    except CheckpointError as e:
+        fail(" ".join(str(e).split()))
+    return source
 
 
 def print_plan(config: PeerConfig) -> None:

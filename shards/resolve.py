@@ -144,10 +144,13 @@ class _Hub:
         except LocalEntryNotFoundError:
             if optional:
                 return None
-            why = ("HF_HUB_OFFLINE is set and it is not in the cache " + str(_cache_dir()) if self.offline
-                   else "the Hub cannot be reached and it is not in the cache " + str(_cache_dir()))
-            raise ResolveError(f"{self._where()}: {filename} unavailable: {why}; connect once without "
-                               "HF_HUB_OFFLINE, or check HF_HOME / HF_ENDPOINT") from None
+            if self.offline:
+                why = "HF_HUB_OFFLINE is set and it is not in the cache; unset HF_HUB_OFFLINE to download it"
+            else:
+                why = ("the Hub cannot be reached and it is not in the cache; check the network (and "
+                       "HF_ENDPOINT, proxy settings)")
+            raise ResolveError(f"{self._where()}: {filename} unavailable: {why}, or point HF_HOME at the "
+                               f"cache that holds it (looked in {_cache_dir()})") from None
         except EntryNotFoundError:
             if optional:
                 return None

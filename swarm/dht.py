@@ -64,9 +64,22 @@ class SwarmNode:
         client_mode: bool = False,
         start_timeout: float = 30,
         swarm_key: SwarmKey | None = None,
+        announce_maddrs: Iterable[str] | None = None,
+        use_relay: bool = True,
+        relayed: bool = False,
     ) -> None:
+        """`announce_maddrs`: what others should dial (None: what the daemon sees itself listening on).
+        `use_relay`: dial peers that are reachable only through a libp2p circuit relay, and relay for
+        others. `relayed`: nobody can dial us (swarm/reachability.py found out): join as a DHT client
+        and reserve a slot on a relay (by default the initial peers) through which others reach us."""
         self.swarm_key = swarm_key  # private swarm: keys derived, values sealed (see swarm/auth.py)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"use_relay": use_relay or relayed}
+        if relayed:
+            # Forced "private": libp2p's AutoNAT needs several peers to decide, autorelay waits for it.
+            kwargs.update(use_auto_relay=True, force_reachability="private")
+            client_mode = True
+        if announce_maddrs:
+            kwargs["announce_maddrs"] = list(announce_maddrs)
         # Every node has a key on file: p2pd names the node after it and records are signed with it.
         temporary = None
         if identity_path is not None:
