@@ -33,11 +33,11 @@ def read_api_keys(path: Path) -> tuple[str, ...]:
 
 
 def load_model(model: Path, initial_peers: list[str], model_name: str | None, swarm_key: Path | None,
-               device: str) -> Any:
+               device: str | None) -> Any:
     from client.model import DistributedModel
 
-    extra: dict[str, Any] = {"device": device} if device != "cpu" else {}  # device= is newer than the rest
-    return DistributedModel.from_pretrained(model, initial_peers, model_name=model_name, swarm_key=swarm_key, **extra)
+    return DistributedModel.from_pretrained(model, initial_peers, model_name=model_name, swarm_key=swarm_key,
+                                            device=device)
 
 
 async def serve(model: Any, host: str, port: int, api_keys: tuple[str, ...], max_running: int) -> None:
@@ -81,7 +81,7 @@ def main(
     port: Annotated[int, typer.Option(metavar="PORT", help="TCP port for HTTP (0: any free port, printed on stdout).", min=0, max=65535)] = 8000,
     swarm_key: Annotated[Path | None, typer.Option("--swarm-key", metavar="FILE", help="Secret file of a private swarm (from `swarm-peer keygen`).")] = None,
     api_key_file: Annotated[Path | None, typer.Option("--api-key-file", metavar="FILE", help="File with the API keys clients must send as 'Authorization: Bearer KEY' (one per line). Without it /v1/ is open to anyone who can reach the port.")] = None,
-    device: Annotated[str, typer.Option(metavar="DEVICE", help="Where the embeddings and LM head run: cpu, cuda, cuda:1, ...")] = "cpu",
+    device: Annotated[str | None, typer.Option(metavar="DEVICE", help="Where the embeddings, LM head and sampling run: cpu, cuda or cuda:N. Default: cuda when a GPU is present, else cpu.")] = None,
     model_name: Annotated[str | None, typer.Option(metavar="NAME", help="Name of the model in the DHT, also its id in the API. Default: the checkpoint folder's name.")] = None,
     max_running: Annotated[int, typer.Option(metavar="N", help="Generations running at once (each its own session on the peers); more requests wait in line.", min=1, max=1024)] = 64,
     log_level: Annotated[str, typer.Option(metavar="LEVEL", help="Logging level on stderr: debug, info, warning or error.")] = "info",
