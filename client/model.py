@@ -22,6 +22,7 @@ from client.speculative import GenerationStats
 from client.swarm_client import SwarmClient
 from shards.config import ModelConfig
 from shards.head import ModelHead
+from shards.resolve import resolve_for_client
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class DistributedModel:
         config: ClientConfig | None = None,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
+        revision: str | None = None,
         **config_overrides: Any,
     ) -> DistributedModel:
         """Join the swarm with the checkpoint folder's head, tokenizer and config.
@@ -124,25 +126,22 @@ class DistributedModel:
         `device`/`dtype` place the client's head (embeddings, final norm, LM head) and sampling:
         default CUDA in the checkpoint's dtype when a GPU is present, else CPU float32.
 
-        `path` is a local checkpoint folder: the client needs its embeddings and LM head (a few
-        hundred MB at most), never the decoder layers.
+        `path` is a local checkpoint folder or a Hub repo id (`revision`: branch, tag or commit):
+        the client needs the config, tokenizer, embeddings and LM head (a few hundred MB at most),
+        never the decoder layers, and downloads only the files holding those (shards/resolve.py).
+        The model's name in the swarm defaults to the repo id (or the folder's name).
         """
-        path = Path(path)
-        if not path.is_dir():
-            raise FileNotFoundError(
-                f"{path} is not a local checkpoint folder; download or convert the model first "
-                "(for the demo model: python -m shards.demo_model)"
-            )
         if not initial_peers and not (config and config.initial_peers):
             raise ValueError("initial_peers is empty: pass the multiaddr of any peer of the swarm")
+        source = resolve_for_client(str(path), revision)  # ResolveError: one line naming repo and fix
         config = config or ClientConfig()
         config = replace(
             config,
             initial_peers=tuple(initial_peers) or config.initial_peers,
-            model_name=model_name or config.model_name,
+            model_name=model_name or config.model_name or source.default_name,
             **config_overrides,
         )
-        return cls(path, config, device=device, dtype=dtype)
+        return cls(source.path, config, device=device, dtype=dtype)
 
     # -- sessions ---------------------------------------------------------------------------------
     def inference_session(self, max_length: int, batch: int = 1, push: bool | None = None) -> InferenceSession:

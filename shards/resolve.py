@@ -35,6 +35,10 @@ class ResolveError(CheckpointError):
     """A model name could not be turned into local files; the message names repo, revision and the fix."""
 
 
+class ModelNotFoundError(ResolveError, FileNotFoundError):
+    """The name is neither an existing folder nor a plausible repo id (also a FileNotFoundError)."""
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """Where a model's files are. `repo_id`/`commit` are None for a local folder."""
@@ -109,8 +113,8 @@ class _Hub:
                 raise ResolveError(f"--revision applies to Hub models; {folder} is a local folder (drop --revision)")
             return ModelSource(path=folder)
         if folder.exists() or not is_hub_id(name):
-            raise ResolveError(
-                f"{name!r} is neither a checkpoint folder nor a Hub repo id; pass a folder with config.json "
+            raise ModelNotFoundError(
+                f"{name!r} is not a local checkpoint folder nor a Hub repo id; pass a folder with config.json "
                 "and *.safetensors, or a repo id such as HuggingFaceTB/SmolLM2-135M-Instruct"
             )
         return fetch(_Hub(name, revision))

@@ -89,7 +89,7 @@ def test_revision_by_commit_and_config_only(hub: HubServer) -> None:
     [
         ("test-org/nope", None, r"'test-org/nope' at revision 'main': no such repo .*HF_TOKEN"),
         (REPO, "v9", r"'test-org/tiny-llama' at revision 'v9': no such revision"),
-        ("not a path or repo", None, r"neither a checkpoint folder nor a Hub repo id"),
+        ("not a path or repo", None, r"not a local checkpoint folder nor a Hub repo id"),
     ],
 )
 def test_errors_name_repo_revision_and_fix(hub: HubServer, name: str, revision: str | None, expected: str) -> None:
