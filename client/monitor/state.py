@@ -7,6 +7,8 @@ Field names are part of the public API: add fields, never rename them.
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +17,8 @@ from swarm.types import PeerRecord, PeerState, SwarmView
 
 STATE_VERSION = 1
 SHORT_ID_CHARS = 8  # enough to tell peers apart on a page; the full id is in the JSON and tooltip
+MAX_STATS = 64  # entries of a peer's stats (and of each nested map) kept for display
+MAX_STAT_CHARS = 200  # a stat's name or text value
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,8 @@ def fresher_record(announced: PeerRecord, probe: Probe | None) -> PeerRecord:
         live = PeerRecord.from_dict(probe.info.get("record", {}))
     except (ValueError, AttributeError):
         return announced
-    if live.peer_id != announced.peer_id or live.model != announced.model:
+    if (live.peer_id != announced.peer_id or live.model != announced.model
+            or live.num_layers != announced.num_layers):  # its layers were range-checked against this
         return announced
     return live
 
@@ -64,8 +69,37 @@ def layer_ranges(flags: Iterable[bool]) -> list[list[int]]:
     return runs
 
 
+def _stat_value(value: Any) -> bool:
+    """JSON- and Prometheus-safe: a finite number (no NaN: `/api/v1/state` refuses it) or a short string."""
+    if type(value) in (int, bool):
+        return abs(value) < 2**63
+    if type(value) is float:
+        return math.isfinite(value)
+    return isinstance(value, str) and len(value) <= MAX_STAT_CHARS
+
+
+def clean_stats(stats: Any) -> dict[str, Any] | None:
+    """A peer's `info` stats, as reported by a peer we do not trust, reduced to what we can show.
+
+    Keeps str names with finite numbers or short strings, and one level of maps of those
+    (`errors`, `refusals`); drops anything else (NaN, bytes, lists, deep maps) entry by entry.
+    """
+    if not isinstance(stats, Mapping):
+        return None
+    out: dict[str, Any] = {}
+    for name, value in itertools.islice(stats.items(), MAX_STATS):
+        if not isinstance(name, str) or len(name) > MAX_STAT_CHARS:
+            continue
+        if isinstance(value, Mapping):
+            out[name] = {k: v for k, v in itertools.islice(value.items(), MAX_STATS)
+                         if isinstance(k, str) and len(k) <= MAX_STAT_CHARS and _stat_value(v) and not isinstance(v, str)}
+        elif _stat_value(value):
+            out[name] = value
+    return out
+
+
 def peer_entry(record: PeerRecord, probe: Probe | None, reports: int = 0) -> dict[str, Any]:
-    stats = probe.info.get("stats") if probe is not None and probe.info else None
+    stats = probe.info.get("stats") if probe is not None and isinstance(probe.info, Mapping) else None
     return {
         "peer_id": record.peer_id,
         "short_id": short_id(record.peer_id),
@@ -84,7 +118,7 @@ def peer_entry(record: PeerRecord, probe: Probe | None, reports: int = 0) -> dic
         "reachable": None if probe is None else probe.reachable,
         "rtt_ms": None if probe is None or probe.rtt is None else round(probe.rtt * 1000, 2),
         "error": None if probe is None else probe.error,
-        "stats": dict(stats) if isinstance(stats, Mapping) else None,
+        "stats": clean_stats(stats),
         # Clients that caught this peer returning wrong results (client verification, DHT reports).
         "reports": reports,
     }
