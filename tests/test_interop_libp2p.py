@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import time
@@ -84,17 +85,21 @@ def prompt_and_reference(smol_swarm: SmolSwarm) -> tuple[list[int], list[int]]:
 
     ids = AutoTokenizer.from_pretrained(smol_swarm.model)(PROMPT)["input_ids"]
     model = AutoModelForCausalLM.from_pretrained(smol_swarm.model, dtype=torch.float32).eval()
-    out: list[int] = []
-    with torch.no_grad():  # no EOS stop: the client takes exactly DECODE_STEPS steps too
-        for _ in range(DECODE_STEPS + 1):
-            out.append(int(model(torch.tensor([ids + out])).logits[0, -1].argmax()))
-    return ids, out
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # beside three busy processes, more threads make it 20x slower (spinning)
+    try:  # min_new_tokens: no EOS stop, the client takes exactly DECODE_STEPS steps too
+        out = model.generate(torch.tensor([ids]), max_new_tokens=DECODE_STEPS + 1,
+                             min_new_tokens=DECODE_STEPS + 1, do_sample=False)
+    finally:
+        torch.set_num_threads(threads)
+    return ids, out[0, len(ids):].tolist()
 
 
 def run_client(python: Path, swarm: SmolSwarm, prompt: list[int], *extra: str) -> dict:
     command = [str(python), str(CLIENT), "--peer", swarm.entry, "--model-dir", str(swarm.model),
                "--prompt-ids", ",".join(map(str, prompt)), *extra]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")  # its LM head shares 2 cores
+    done = subprocess.run(command, capture_output=True, text=True, timeout=CLIENT_TIMEOUT, env=env)
     assert done.returncode == 0, f"interop client failed ({done.returncode}):\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
