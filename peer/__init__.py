@@ -9,6 +9,7 @@
 - `balancer.py`, `memory.py`: choosing and moving the served layers; how many layers fit.
 - `scheduler.py`: continuous batching of many sessions' steps into one forward pass.
 - `push.py`: server-to-server push of a session's output to the next hop.
+- `view.py`: the `view` request: the records this peer sees for a model (bounded, cached DHT reads).
 - `throughput.py`: the startup benchmark announced in the peer's record.
 - `cli.py`: the `swarm-peer` command (`dht`, `serve`, `keygen`, `generate`).
 """
