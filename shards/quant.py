@@ -21,29 +21,49 @@ from shards.kv_cache import KVCache
 
 QUANT_MODES = ("none", "int8", "int4")
 LINEAR_NAMES = ("wqkv", "wo", "w_gate_up", "w_down")
+QUANT_TENSORS = {"int8": ("qweight", "scale"), "int4": ("qweight", "scales", "mins")}
 
 
 class QuantLinear(nn.Module):
-    """`nn.Linear` stand-in with a quantized weight; buffers, so `.to(device)` moves them."""
+    """`nn.Linear` stand-in with a quantized weight; buffers, so `.to(device)` moves them.
 
-    def __init__(self, linear: nn.Linear, mode: str, group_size: int = 128) -> None:
+    `tensors` holds the format's buffers: int8 {qweight, scale}, int4 {qweight, scales, mins}
+    (see `kernels.quant_matmul`). Build one with `from_linear` (round to nearest) or from
+    tensors computed elsewhere (calibration, a quantized checkpoint)."""
+
+    def __init__(self, mode: str, in_features: int, out_features: int, tensors: dict[str, torch.Tensor],
+                 bias: torch.Tensor | None = None, group_size: int = 128) -> None:
         super().__init__()
         if mode not in ("int8", "int4"):
             raise ValueError(f"QuantLinear mode must be 'int8' or 'int4', not {mode!r}")
+        if set(tensors) != set(QUANT_TENSORS[mode]):
+            raise ValueError(f"{mode} needs tensors {QUANT_TENSORS[mode]}, got {sorted(tensors)}")
         self.mode, self.group_size = mode, group_size
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features, self.out_features = in_features, out_features
+        for name in QUANT_TENSORS[mode]:
+            self.register_buffer(name, tensors[name])
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, mode: str, group_size: int = 128) -> QuantLinear:
+        """Round-to-nearest quantization of `linear`'s weight."""
         w = linear.weight.detach()
         if mode == "int8":
             q, scale = quantize_int8(w)
-            self.register_buffer("qweight", q)
-            self.register_buffer("scale", scale)
-        else:
+            tensors = {"qweight": q, "scale": scale}
+        elif mode == "int4":
             q, scales, mins = quantize_int4(w, group_size)
-            self.register_buffer("qweight", q)
-            self.register_buffer("scales", scales)
-            self.register_buffer("mins", mins)
+            tensors = {"qweight": q, "scales": scales, "mins": mins}
+        else:
+            raise ValueError(f"QuantLinear mode must be 'int8' or 'int4', not {mode!r}")
         bias = linear.bias.detach() if linear.bias is not None else None
-        self.register_buffer("bias", bias)
+        return cls(mode, linear.in_features, linear.out_features, tensors, bias, group_size)
+
+    @classmethod
+    def from_int4(cls, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, in_features: int,
+                  bias: torch.Tensor | None = None, group_size: int = 128) -> QuantLinear:
+        tensors = {"qweight": qweight, "scales": scales, "mins": mins}
+        return cls("int4", in_features, qweight.shape[0], tensors, bias, group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "int8":
@@ -63,7 +83,7 @@ def quantize_block(block: nn.Module, mode: str, group_size: int = 128) -> None:
     for name in LINEAR_NAMES:
         lin = getattr(block, name, None)
         if isinstance(lin, nn.Linear):
-            setattr(block, name, QuantLinear(lin, mode, group_size))
+            setattr(block, name, QuantLinear.from_linear(lin, mode, group_size))
             del lin
     for expert in getattr(block, "experts", ()):
         quantize_block(expert, mode, group_size)

@@ -100,13 +100,15 @@ def test_int4_roundtrip_error_bound(group_size: int) -> None:
 
 
 def test_int4_packing_layout() -> None:
-    """Byte i of a group holds column i (low nibble) and column i + G/2 (high nibble)."""
+    """16-bit word i of a group holds columns i, i + G/4, i + G/2, i + 3G/4 in nibbles 0..3."""
     G = 64
-    w = torch.arange(G, dtype=torch.float32).repeat(2, 1) % 16  # exact 0..15 ramp, min 0, step 1
+    w = (torch.arange(G, dtype=torch.float32) % 16).repeat(2, 1)  # exact 0..15 ramp, min 0, step 1
+    w[:, 0] = 15.0  # so column 0 differs from column 16 (both 0 in the ramp)
     q, s, m = quantize_int4(w, G)
-    assert torch.equal(
-        q[0, :4].long(), torch.tensor([0 | (0 << 4), 1 | (1 << 4), 2 | (2 << 4), 3 | (3 << 4)])
-    )
+    words = q[0].view(torch.int16).long() & 0xFFFF  # little-endian words
+    cols = w[0].long()
+    expected = cols[0:16] | (cols[16:32] << 4) | (cols[32:48] << 8) | (cols[48:64] << 12)
+    assert torch.equal(words, expected)
     assert torch.allclose(dequantize_int4(q, s, m, G), w)
 
 
