@@ -27,7 +27,7 @@ import torch
 
 from peer.page_outputs import PageOutputs
 from shards.batch import BatchLayout
-from shards.cuda_graphs import DecodeGraphs, fused_decode_supported
+from shards.cuda_graphs import DecodeGraphs
 from shards.quant import quantize_shard
 from shards.shard import Shard
 from swarm.types import LayerRange
@@ -48,7 +48,7 @@ class ServingEngine:
         self.page_outputs = PageOutputs(num_pages, page_size, shard.config.hidden_size, shard.dtype)
         self.steps: Counter[str] = Counter()  # batches run, by path ("graph" / "eager"), for `info`
         self.graphs: DecodeGraphs | None = None
-        if graphs and shard.device.type == "cuda" and fused_decode_supported(shard):
+        if graphs and shard.device.type == "cuda" and shard.supports_fused_decode:
             self.graphs = DecodeGraphs(shard, self.cache, max_pages_per_seq=-(-max_length // page_size))
             started = time.perf_counter()
             self.graphs.capture()

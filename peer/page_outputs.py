@@ -19,18 +19,32 @@ class PageOutputs:
         self.page_size = page_size
         self.rows = torch.zeros(num_pages * page_size, hidden_size, dtype=dtype)
 
-    def _slots(self, pages: list[int], start: int, count: int) -> torch.Tensor:
-        positions = torch.arange(start, start + count)
-        return torch.tensor(pages, dtype=torch.long)[positions // self.page_size] * self.page_size + positions % self.page_size
+    def _segments(self, pages: list[int], start: int, count: int) -> list[tuple[int, int, int]]:
+        """(first row in self.rows, first row of the input, length) per page touched by positions start..+count.
+
+        Plain arithmetic and slice copies: a decode step writes one row, and building index tensors
+        for it cost more than the copy (measured ~10x on CPU).
+        """
+        ps, segments, done = self.page_size, [], 0
+        while done < count:
+            pos = start + done
+            length = min(ps - pos % ps, count - done)
+            segments.append((pages[pos // ps] * ps + pos % ps, done, length))
+            done += length
+        return segments
 
     def write(self, pages: list[int], start: int, rows: torch.Tensor) -> None:
         """Store rows (n, H) of positions start .. start + n - 1 of a sequence with these pages."""
-        if rows.shape[0]:
-            self.rows.index_copy_(0, self._slots(pages, start, rows.shape[0]), rows.to(self.rows.dtype))
+        rows = rows.to(self.rows.dtype)
+        for dst, src, length in self._segments(pages, start, rows.shape[0]):
+            self.rows[dst : dst + length].copy_(rows[src : src + length])
 
     def read(self, pages: list[int]) -> torch.Tensor:
         """All rows of these full pages, in order: (len(pages) * page_size, H)."""
-        return self.rows.index_select(0, self._slots(pages, 0, len(pages) * self.page_size))
+        ps = self.page_size
+        if not pages:
+            return self.rows[:0].clone()
+        return torch.cat([self.rows[p * ps : (p + 1) * ps] for p in pages])
 
     def copy(self, src: int, dst: int) -> None:
         ps = self.page_size

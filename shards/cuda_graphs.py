@@ -24,28 +24,6 @@ from shards.batch import BatchLayout
 from shards.kv_cache import KVCache
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-# The fused decode step below is the plain Llama layer (RMSNorm, GQA + RoPE from `inv_freq`, SwiGLU).
-FUSED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
-
-def fused_decode_supported(shard: torch.nn.Module) -> bool:
-    """Whether `decode_forward` computes exactly what this shard's blocks compute.
-
-    A block family can say so itself (`supports_fused_decode`); otherwise the plain Llama-style
-    families qualify, unless a sliding window would have to be applied.
-    """
-    flag = getattr(shard, "supports_fused_decode", None)
-    if flag is not None:
-        return bool(flag)
-    config = shard.config
-    scaling = config.rope_scaling or {}
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    # Only RoPE types that are a fixed `inv_freq` (no attention scaling, no per-length rescaling).
-    return (
-        config.model_type in FUSED_MODEL_TYPES
-        and rope_type in ("default", "linear", "llama3")
-        and not getattr(config, "sliding_window", None)
-    )
 
 
 @torch.inference_mode()

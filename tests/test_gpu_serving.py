@@ -4,8 +4,9 @@ Skipped without CUDA (CI has none); run on a GPU machine with `pytest -m gpu`. T
 random-weight checkpoint of SmolLM2-135M's shape (30 layers, GQA 9/3 heads, vocab 49152), built
 with transformers: the real weights are not available where the GPU runs.
 
-- In process: `ServingEngine` with graphs == without graphs (bf16 tolerance) for every --quant
-  mode, over batched decodes, shared prefix pages, a rewind (truncate) and padding buckets.
+- In process: `ServingEngine` with graphs == without graphs (float32 closely, bf16 to its tolerance)
+  for every --quant mode, over batched decodes, shared prefix pages, a rewind (truncate) and
+  padding buckets.
 - Through real `swarm-peer` processes on CUDA in float32: greedy tokens equal transformers on the
   GPU, batched and concurrent sessions (decode batches run as graph replays), prefix sharing,
   speculative decoding (truncate), and a peer killed mid-generation.
@@ -70,9 +71,15 @@ def prompts(n: int, length: int, seed: int) -> list[list[int]]:
 # ---------------------------------------------------------------- in process: graphs == eager
 
 
-@pytest.mark.parametrize("quant", ["none", "int8", "int4"])
-def test_graph_decode_equals_eager_decode_in_bf16(checkpoint: Path, quant: str) -> None:
-    shard = Shard.from_pretrained(checkpoint, 0, 30, dtype=torch.bfloat16, device="cuda")
+# Two bf16 evaluations of 30 layers that round in a different order differ by about 2% (measured on
+# an H200: 1.7-2.2% per step for every quant mode), a wrong kernel by O(1); float32 must agree closely.
+TOLERANCE = {torch.bfloat16: 3e-2, torch.float32: 1e-4}
+
+
+@pytest.mark.parametrize("quant,dtype", [("none", torch.float32), ("none", torch.bfloat16),
+                                         ("int8", torch.bfloat16), ("int4", torch.bfloat16)])
+def test_graph_decode_equals_eager_decode(checkpoint: Path, quant: str, dtype: torch.dtype) -> None:
+    shard = Shard.from_pretrained(checkpoint, 0, 30, dtype=dtype, device="cuda")
     quantize_shard(shard, quant, 64)
     ps, max_length = 16, 512
     graphs = ServingEngine(shard, num_pages=64, page_size=ps, max_length=max_length, graphs=True)
@@ -84,7 +91,7 @@ def test_graph_decode_equals_eager_decode_in_bf16(checkpoint: Path, quant: str) 
     tables = [[0, 1, 2, 3, 4], [0, 1, 5, 6, 7], [8, 9, 10, 11, 12], [13, 14, 15, 16, 17]]
     prefill = [40, 0, 23, 9]  # sequence 1 brings only new tokens after the shared 32
     lengths = [0, 32, 0, 0]
-    rows = torch.randn(sum(prefill) + 8, 576, generator=gen).to(torch.bfloat16)
+    rows = torch.randn(sum(prefill) + 8, 576, generator=gen).to(dtype)
     layout = BatchLayout([40, 8, 23, 9], [0, 32, 0, 0], tables, ps)
     for engine in (graphs, eager):
         # The shared prefix: computed once by sequence 0's prefill, read by sequence 1's attention.
@@ -92,7 +99,7 @@ def test_graph_decode_equals_eager_decode_in_bf16(checkpoint: Path, quant: str) 
     lengths = [40, 40, 23, 9]
 
     def decode_both(seqs: list[int]) -> float:
-        hidden = torch.randn(len(seqs), 576, generator=gen).to(torch.bfloat16)
+        hidden = torch.randn(len(seqs), 576, generator=gen).to(dtype)
         lay = BatchLayout.decode([lengths[s] for s in seqs], [tables[s] for s in seqs], ps)
         a = graphs.run_batch(hidden, lay, span, True).float()
         b = eager.run_batch(hidden, lay, span, True).float()
@@ -106,7 +113,7 @@ def test_graph_decode_equals_eager_decode_in_bf16(checkpoint: Path, quant: str) 
     lengths[2] -= 5  # truncate: the next steps overwrite the last 5 positions of sequence 2
     errors += [decode_both([2, 3]) for _ in range(7)]
     assert graphs.steps["graph"] == 20 and eager.steps["graph"] == 0
-    assert max(errors) < 2e-2, f"graph vs eager relative errors {errors}"
+    assert max(errors) < TOLERANCE[dtype], f"graph vs eager relative errors {errors}"
 
 
 # ---------------------------------------------------------------- through real peer processes

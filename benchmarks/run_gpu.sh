@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU tests and benchmarks in one go, on a CUDA machine whose Python already has torch, Triton
+# and transformers (e.g. the lent H200). Wheels of what it lacks (hivemind and friends: see
+# ../shared/gpu/fetch-wheels.sh) may sit in .whl/; they are installed into /tmp/site first.
+#
+#   bash benchmarks/run_gpu.sh [tests] [bench-kernels] [bench-swarm SETUPS] [bench-quant]
+#
+# Everything is written under $OUT (default benchmarks/results/gpu): test log, benchmark logs, JSON.
+# Each step has a time limit in seconds (T_TESTS, T_KERNELS, T_SWARM, T_QUANT) so one call fits a lease.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results/gpu}
+mkdir -p "$OUT"
+export OUT PYTHONUNBUFFERED=1
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    tests)
+      timeout "${T_TESTS:-420}" python3 -m pytest -q -rs -m gpu -p no:cacheprovider -o addopts="" \
+        tests/test_gpu_serving.py tests/test_kernels_attention.py tests/test_kernels_fused.py tests/test_kernels_quant.py \
+        2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    bench-kernels)
+      timeout "${T_KERNELS:-300}" python3 benchmarks/bench_gpu.py --steps 30 --no-hf 2>&1 | tee "$OUT/bench_gpu.log" | tail -20 ;;
+    bench-swarm)
+      shift
+      timeout "${T_SWARM:-540}" python3 benchmarks/bench_gpu_swarm.py --setups "$1" ${SWARM_ARGS:-} 2>&1 | tee "$OUT/bench_gpu_swarm.log" | tail -25 ;;
+    bench-quant)
+      timeout "${T_QUANT:-300}" python3 benchmarks/bench_quant_kernels.py 2>&1 | tee "$OUT/bench_quant.log" | tail -30 ;;
+    *) echo "unknown step $1" >&2; exit 2 ;;
+  esac
+  shift
+done
