@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
-from routing import choose_layers, should_move
+from routing import choose_layers, should_move, urgent_layers
 from shards.config import ModelConfig
 from swarm.types import LayerRange, SwarmView
 
@@ -23,6 +23,10 @@ logger = logging.getLogger(__name__)
 # Each wait is the period times a factor in [1 - JITTER, 1 + JITTER], so peers that started
 # together do not all re-read the swarm and move at the same moment (herding onto one gap).
 JITTER = 0.25
+# Between balance checks the view is re-read this often: a layer left without an ONLINE server
+# (its only server is draining, or vanished) is seen within seconds and decided on at once,
+# not at the next period. A draining peer waits for exactly this (peer/drain.py).
+WATCH_PERIOD_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,14 @@ async def choose_initial_layers(placement: Placement) -> LayerRange:
 
 async def balance_loop(placement: Placement) -> None:
     cfg = placement.config
+    loop = asyncio.get_running_loop()
+    decided_on: list[int] = []  # urgent layers already decided on: no early wake for them again
     while True:
-        await asyncio.sleep(cfg.balance_period * random.uniform(1 - JITTER, 1 + JITTER))
+        due = loop.time() + cfg.balance_period * random.uniform(1 - JITTER, 1 + JITTER)
+        view = await _watch_until(placement, due, decided_on)
         try:
-            view = await placement.fetch_view()
+            view = view or await placement.fetch_view()
+            decided_on = urgent_layers(view)
             if placement.peer_id() not in view.records:
                 continue  # our own record is not visible yet; decide on the next round
             target = should_move(view, placement.peer_id(), quality=cfg.balance_quality,
@@ -64,3 +72,22 @@ async def balance_loop(placement: Placement) -> None:
             raise
         except Exception:
             logger.exception("balancing round failed; staying on layers %s", placement.layers())
+
+
+async def _watch_until(placement: Placement, due: float, decided_on: list[int]) -> SwarmView | None:
+    """Sleep until `due`, re-reading the view every WATCH_PERIOD_S; return early a view with new urgent layers."""
+    loop = asyncio.get_running_loop()
+    while (left := due - loop.time()) > 0:
+        await asyncio.sleep(min(WATCH_PERIOD_S * random.uniform(1 - JITTER, 1 + JITTER), left))
+        try:
+            view = await placement.fetch_view()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            continue  # the regular check will retry and log
+        urgent = urgent_layers(view)
+        if urgent and urgent != decided_on and placement.peer_id() in view.records:
+            logger.info("layers %d-%d have no ONLINE server (a peer is draining or gone): deciding now",
+                        urgent[0], urgent[-1])
+            return view
+    return None

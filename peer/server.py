@@ -4,6 +4,8 @@ start: join the DHT -> choose layers -> build the serving engine (weights, KV ca
 see `peer/engine.py`) and measure its throughput -> register the stream handler -> announce
 ONLINE (and keep re-announcing before the record expires).
 migrate: build the engine of the new range while the old one serves, then swap it in one step.
+drain (SIGTERM): announce DRAINING -> keep serving until the swarm covers our layers without us
+(see `peer/drain.py`) -> stop.
 stop: announce OFFLINE -> refuse new work -> tell open sessions -> free everything -> leave.
 """
 
@@ -18,6 +20,7 @@ import torch
 
 from peer.balancer import Placement, balance_loop, choose_initial_layers
 from peer.config import DTYPES, PeerConfig
+from peer.drain import wait_until_covered
 from peer.engine import ServingEngine
 from peer.handler import ServedModel, StreamHandler
 from peer.memory import available_bytes
@@ -74,6 +77,7 @@ class PeerServer:
                 host_maddrs=list(cfg.host_maddrs),
                 identity_path=str(cfg.identity_path) if cfg.identity_path else None,
                 swarm_key=self.swarm_key,
+                announce_maddrs=cfg.announce_maddrs, use_relay=cfg.use_relay, relayed=cfg.relayed,
             ),
         )
         self.p2p = await self.node.replicate_p2p()
@@ -218,6 +222,7 @@ class PeerServer:
             page_size=cfg.page_size, dtype=cfg.dtype, quant=cfg.quant, version=software_version(),
             public_name=cfg.public_name, fingerprint=self.engine.fingerprint,
             addrs=tuple(self.visible_maddrs()), num_layers=self.model_config.num_layers, updated=time.time(),
+            relayed=cfg.relayed,
         )
 
     def info(self) -> dict:
@@ -265,6 +270,26 @@ class PeerServer:
             for session_id in await self.registry.close_idle():
                 logger.info("closed idle session %s", session_id)
                 self.push_links.close(session_id)
+
+    async def drain(self, timeout: float) -> str:
+        """Announce DRAINING and serve on until our layers are covered without us (at most `timeout` s).
+
+        Returns why the wait ended: "covered", "no_taker" or "timeout" (see peer/drain.py).
+        """
+        if self.node is None or not hasattr(self, "engine"):
+            return "not_started"
+        for task in getattr(self, "_background", []):
+            if task.get_name() == "balance":
+                task.cancel()  # a leaving peer does not move
+        self.state = PeerState.DRAINING
+        await self._announce()
+        logger.info("draining: serving layers %s until other peers cover them (at most %.0f s)", self.layers, timeout)
+        placement = self._placement()
+        reason = await wait_until_covered(placement.fetch_view, self.peer_id, timeout)
+        logger.info("draining done (%s)", {"covered": "other peers now serve our layers",
+                                           "no_taker": "no peer can take our layers over",
+                                           "timeout": "the drain timeout ran out"}[reason])
+        return reason
 
     async def stop(self) -> None:
         """Leave politely: OFFLINE first, so clients stop routing here before sessions end."""

@@ -9,8 +9,9 @@ Only `swarm.types` is imported from the rest of the project.
 - bans.py    BanList: peers that failed recently, exponential backoff; its penalties()
              feed plan_route(banned=...).
 - balance.py layer_throughput, layer_counts, layer_servers, choose_layers, should_move,
-             urgent_layers (array-level forms: choose_window, plan_move): which layers a
-             peer should serve, redundancy before speed; when to decide at once.
+             urgent_layers, covered_without, possible_takers (array-level forms:
+             choose_window, plan_move): which layers a peer should serve, redundancy before
+             speed; when to decide at once; when a draining peer may leave.
 - spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
              parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
@@ -22,10 +23,12 @@ from routing.balance import (
     REDUNDANCY,
     choose_layers,
     choose_window,
+    covered_without,
     layer_counts,
     layer_servers,
     layer_throughput,
     plan_move,
+    possible_takers,
     should_move,
     urgent_layers,
 )
@@ -47,6 +50,7 @@ __all__ = [
     "choose_layers",
     "choose_route",
     "choose_window",
+    "covered_without",
     "capacity_bound",
     "hop_cost",
     "layer_counts",
@@ -55,6 +59,7 @@ __all__ = [
     "max_flow_throughput",
     "plan_move",
     "plan_route",
+    "possible_takers",
     "route_cost",
     "sample_route",
     "should_move",

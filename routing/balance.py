@@ -166,6 +166,31 @@ def urgent_layers(view: SwarmView) -> list[int]:
     return [layer for layer, n in enumerate(layer_servers(view)) if n == 0]
 
 
+def covered_without(view: SwarmView, me: str) -> bool:
+    """Does every layer of peer `me` have another ONLINE server? (A draining peer may leave then.)"""
+    record = view.records.get(me)
+    if record is None:
+        return True
+    servers = layer_servers(view, without=me)
+    return all(servers[layer] > 0 for layer in range(record.layers.start, min(record.layers.end, view.num_layers)))
+
+
+def possible_takers(view: SwarmView, me: str) -> list[str]:
+    """Peers that could still take over `me`'s layers: JOINING ones (they are choosing), and
+    ONLINE ones whose own layers keep another ONLINE server besides them and `me`
+    (plan_move would let them leave). Without any, a draining peer waits for nobody.
+    """
+    servers = layer_servers(view, without=me)
+    out = []
+    for r in _sorted_records(view):
+        if r.peer_id == me:
+            continue
+        own = range(r.layers.start, min(r.layers.end, view.num_layers))
+        if r.state is PeerState.JOINING or (r.state is PeerState.ONLINE and all(servers[i] > 1 for i in own)):
+            out.append(r.peer_id)
+    return out
+
+
 def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:
     """The layers a new peer that can hold `num_layers` layers should serve (see choose_window)."""
     return choose_window(layer_throughput(view), num_layers, layer_counts(view))

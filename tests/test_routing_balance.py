@@ -12,11 +12,14 @@ from routing import (
     REDUNDANCY,
     choose_layers,
     choose_window,
+    covered_without,
     layer_counts,
     layer_servers,
     layer_throughput,
     plan_move,
+    possible_takers,
     should_move,
+    urgent_layers,
 )
 from swarm.types import LayerRange, PeerState
 from tests.routing_helpers import rec, view
@@ -213,3 +216,19 @@ def test_choose_window_with_counts_matches_brute_force_ranking(layers, k) -> Non
         assert got == LayerRange(best, best + k)
     else:
         assert got == choose_window(throughput, k)
+
+
+def test_drain_helpers_name_urgent_layers_coverage_and_takers() -> None:
+    D = PeerState.DRAINING
+    v = view(8, rec("a", "0:4"), rec("b", "0:4"), rec("d", "4:8", state=D), rec("f", "0:8", state=OFF))
+    assert urgent_layers(v) == [4, 5, 6, 7]  # only a draining peer serves them
+    assert not covered_without(v, "d")
+    assert possible_takers(v, "d") == ["a", "b"]  # each may leave 0:4 to the other
+    assert covered_without(v, "a") and covered_without(v, "ghost")
+    alone = view(8, rec("a", "0:4"), rec("d", "4:8", state=D))
+    assert possible_takers(alone, "d") == []  # a is 0:4's only server: nobody can come
+    assert possible_takers(view(8, rec("a", "0:4"), rec("j", "0:2", state=J), rec("d", "4:8", state=D)), "d") == ["j"]
+    # Draining peers do not count in balancing: their layers look empty to movers.
+    assert layer_throughput(v)[4:] == [0.0] * 4 and layer_counts(v)[4:] == [0] * 4
+    assert should_move(v, "b") == LayerRange(4, 8)
+    assert should_move(alone, "a") is None

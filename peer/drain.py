@@ -1,0 +1,62 @@
+"""Graceful departure: after announcing DRAINING, wait until the swarm covers our layers without us.
+
+The peer keeps serving meanwhile (open sessions, and new ones where clients have no other
+choice: routing penalises DRAINING peers). It leaves when one of these holds:
+  * covered: every layer it serves has another ONLINE server (routing.covered_without);
+  * nobody can take over: no JOINING peer, and no ONLINE peer that could move without
+    uncovering its own layers (routing.possible_takers), for NO_TAKER_GRACE_S;
+  * the bounded wait (`swarm-peer serve --drain-timeout`) ran out.
+Its open sessions then get `shutting_down` frames and fail over (replaying their history).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from routing import covered_without, possible_takers
+from swarm.types import SwarmView
+
+logger = logging.getLogger(__name__)
+
+# Seconds between two reads of the DHT view while draining: a replacement is seen this soon
+# after it announces, at one small DHT read per second or two.
+POLL_S = 1.0
+# A peer that could take over may announce only once its new layers are loaded, so "no
+# taker now" is trusted only after it held this long: longer than a few DHT polls and the
+# other peers' reaction time (peer/balancer.py WATCH_PERIOD_S), short enough that stopping a
+# lone peer still feels immediate.
+NO_TAKER_GRACE_S = 3.0
+
+
+async def wait_until_covered(
+    fetch_view: Callable[[], Awaitable[SwarmView]], peer_id: str, timeout: float, poll: float = POLL_S
+) -> str:
+    """Poll the swarm until our layers are covered without us; returns why the wait ended.
+
+    "covered", "no_taker" or "timeout". A failing DHT read is retried until the timeout.
+    """
+    started = time.monotonic()
+    deadline = started + timeout
+    no_taker_since: float | None = None
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            return "timeout"
+        try:
+            view = await fetch_view()
+        except Exception as e:  # the DHT may be slow; keep serving and ask again
+            logger.info("draining: could not read the swarm (%s); retrying", e)
+            view = None
+        if view is not None:
+            if covered_without(view, peer_id):
+                return "covered"
+            if possible_takers(view, peer_id):
+                no_taker_since = None
+            elif no_taker_since is None:
+                no_taker_since = now
+            elif now - no_taker_since >= NO_TAKER_GRACE_S:
+                return "no_taker"
+        await asyncio.sleep(min(poll, max(0.0, deadline - time.monotonic())))

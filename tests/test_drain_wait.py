@@ -1,0 +1,55 @@
+"""peer.drain.wait_until_covered on scripted sequences of swarm views (plain data, fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+from peer import drain
+from swarm.types import PeerState
+from tests.routing_helpers import rec, view
+
+D = PeerState.DRAINING
+
+
+def views_in_order(*views):
+    """fetch_view returning the given views one per call, then the last one forever (or raising)."""
+    calls = {"n": 0}
+
+    async def fetch():
+        i = min(calls["n"], len(views) - 1)
+        calls["n"] += 1
+        if isinstance(views[i], Exception):
+            raise views[i]
+        return views[i]
+
+    return fetch, calls
+
+
+async def test_waits_while_a_taker_loads_then_leaves_when_covered() -> None:
+    waiting = view(8, rec("a", "0:4"), rec("b", "0:4"), rec("me", "4:8", state=D))
+    moved = view(8, rec("a", "0:4"), rec("b", "4:8"), rec("me", "4:8", state=D))
+    fetch, calls = views_in_order(waiting, waiting, OSError("dht slow"), waiting, moved)
+    assert await drain.wait_until_covered(fetch, "me", timeout=10, poll=0.01) == "covered"
+    assert calls["n"] == 5
+
+
+async def test_leaves_soon_when_nobody_can_take_over(monkeypatch) -> None:
+    monkeypatch.setattr(drain, "NO_TAKER_GRACE_S", 0.05)
+    alone = view(8, rec("a", "0:4"), rec("me", "4:8", state=D))
+    fetch, calls = views_in_order(alone)
+    assert await drain.wait_until_covered(fetch, "me", timeout=10, poll=0.01) == "no_taker"
+    assert calls["n"] >= 2  # "nobody" had to hold for the grace period, not one read
+
+
+async def test_bounded_wait_runs_out() -> None:
+    stuck = view(8, rec("a", "0:4"), rec("b", "0:4"), rec("me", "4:8", state=D))  # b could come, never does
+    fetch, _ = views_in_order(stuck)
+    assert await drain.wait_until_covered(fetch, "me", timeout=0.1, poll=0.01) == "timeout"
+
+
+@pytest.mark.parametrize("others", [("0:8",), ("4:8", "0:4")])
+async def test_already_covered_leaves_at_once(others) -> None:
+    covered = view(8, rec("me", "4:8", state=D), *(rec(f"p{i}", r) for i, r in enumerate(others)))
+    fetch, calls = views_in_order(covered)
+    assert await drain.wait_until_covered(fetch, "me", timeout=10) == "covered"
+    assert calls["n"] == 1
