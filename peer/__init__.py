@@ -13,5 +13,6 @@
 - `scheduler.py`: continuous batching of many sessions' steps into one forward pass.
 - `push.py`: server-to-server push of a session's output to the next hop.
 - `view.py`: the `view` request: the records this peer sees for a model (bounded, cached DHT reads).
+- `drain.py`: graceful departure: after announcing DRAINING, wait until other peers cover our layers.
 - `cli.py`: the `swarm-peer` command (`dht`, `serve`, `keygen`, `generate`).
 """
