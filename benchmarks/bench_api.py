@@ -6,7 +6,9 @@ For each concurrency (default 1, 8, 32) it runs the same greedy chat prompts twi
 back: directly with `generate` on threads (a streamer timestamps each token) and as streaming
 requests through the gateway (aiohttp client, SSE chunk timestamps). Prints p50/p95 time to
 first token, p50/p95 inter-token latency and aggregate tokens/s; writes JSON to
-benchmarks/results/bench_api.json.
+benchmarks/results/bench_api.json. `--mixed` concurrencies (default 8) run again with half the
+streams through each path at the same time: both halves share the peers' batches and the
+machine's load, so on a busy machine that comparison is the fair one.
 
     .venv/bin/python -m benchmarks.bench_api --max-tokens 32 --concurrency 1 8 32
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -48,6 +51,7 @@ class Row:
     itl_p50_ms: float
     itl_p95_ms: float
     tokens_per_s: float
+    mixed: bool  # run at the same time as the other mode's half (concurrency counts both halves)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -57,12 +61,12 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def summarize(mode: str, concurrency: int, traces: list[Trace], wall: float) -> Row:
+def summarize(mode: str, concurrency: int, traces: list[Trace], wall: float, mixed: bool = False) -> Row:
     ttft = [(t.tokens[0] - t.sent) * 1000 for t in traces if t.tokens]
     itl = [(b - a) * 1000 for t in traces for a, b in zip(t.tokens, t.tokens[1:])]
     tokens = sum(len(t.tokens) for t in traces)
     return Row(mode, concurrency, len(traces), tokens, round(wall, 3), round(pct(ttft, 0.5), 1),
-               round(pct(ttft, 0.95), 1), round(pct(itl, 0.5), 1), round(pct(itl, 0.95), 1), round(tokens / wall, 2))
+               round(pct(ttft, 0.95), 1), round(pct(itl, 0.5), 1), round(pct(itl, 0.95), 1), round(tokens / wall, 2), mixed)
 
 
 def prompts(n: int) -> list[list[dict[str, str]]]:
@@ -132,10 +136,26 @@ async def run_gateway(url: str, name: str, chats: list[list[dict[str, str]]], ma
         return list(traces), time.perf_counter() - began
 
 
+def run_mixed(model: Any, url: str, name: str, chats: list[list[dict[str, str]]],
+              max_tokens: int) -> tuple[tuple[list[Trace], float], tuple[list[Trace], float]]:
+    """Half the chats through `generate`, half through the gateway, at the same time: both halves
+    share the peers' batches and the machine's load, so their difference is the gateway's own cost."""
+    half = len(chats) // 2
+    through_gateway: list[tuple[list[Trace], float]] = []
+    thread = threading.Thread(target=lambda: through_gateway.append(
+        asyncio.run(run_gateway(url, name, chats[half:], max_tokens))))
+    thread.start()
+    direct = run_direct(model, chats[:half], max_tokens)
+    thread.join()
+    return direct, through_gateway[0]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-tokens", type=int, default=32, help="Tokens per answer (greedy; EOS may end earlier).")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="Concurrent requests per run.")
+    parser.add_argument("--mixed", type=int, nargs="*", default=[8],
+                        help="Concurrencies also run mixed: half generate, half gateway at once (robust to load).")
     args = parser.parse_args()
 
     from client import DistributedModel
@@ -165,23 +185,33 @@ def main() -> int:
                     traces, wall = asyncio.run(run_gateway(url, name, chats, args.max_tokens))
                     rows.append(summarize("gateway", c, traces, wall))
                     print(f"  done: {c} concurrent", file=sys.stderr, flush=True)
+                for c in args.mixed:
+                    (traces, wall), (gw_traces, gw_wall) = run_mixed(model, url, name, prompts(c), args.max_tokens)
+                    rows.append(summarize("generate", c, traces, wall, mixed=True))
+                    rows.append(summarize("gateway", c, gw_traces, gw_wall, mixed=True))
+                    print(f"  done: {c} mixed", file=sys.stderr, flush=True)
         finally:
             gateway.stop()
 
     header = f"{'mode':9} {'conc':>4} {'tokens':>6} {'TTFT p50':>9} {'TTFT p95':>9} {'ITL p50':>8} {'ITL p95':>8} {'tok/s':>7}"
     print(header)
-    for r in rows:
-        print(f"{r.mode:9} {r.concurrency:4d} {r.tokens:6d} {r.ttft_p50_ms:8.1f}ms {r.ttft_p95_ms:8.1f}ms "
+    for r in rows:  # a mixed run's concurrency shows as "4+4"
+        conc = f"{r.concurrency // 2}+{r.concurrency - r.concurrency // 2}" if r.mixed else str(r.concurrency)
+        print(f"{r.mode:9} {conc:>4} {r.tokens:6d} {r.ttft_p50_ms:8.1f}ms {r.ttft_p95_ms:8.1f}ms "
               f"{r.itl_p50_ms:7.1f}ms {r.itl_p95_ms:7.1f}ms {r.tokens_per_s:7.1f}")
     overhead = {}
-    for c in args.concurrency:
-        direct, gw = (next(r for r in rows if r.mode == m and r.concurrency == c) for m in ("generate", "gateway"))
-        overhead[c] = round((gw.itl_p50_ms / direct.itl_p50_ms - 1) * 100, 1)
-        print(f"gateway inter-token overhead at {c} streams (p50): {overhead[c]:+.1f}%")
+    for c, mixed in [*((c, False) for c in args.concurrency), *((c, True) for c in args.mixed)]:
+        direct, gw = (next(r for r in rows if (r.mode, r.concurrency, r.mixed) == (m, c, mixed))
+                      for m in ("generate", "gateway"))
+        key = f"{c} mixed" if mixed else str(c)
+        overhead[key] = round((gw.itl_p50_ms / direct.itl_p50_ms - 1) * 100, 1)
+        print(f"gateway inter-token overhead at {key} streams (p50): {overhead[key]:+.1f}%")
+    load = [round(x, 1) for x in os.getloadavg()]
+    print(f"load average at the end: {load} on {os.cpu_count()} CPUs (other work on the machine skews the runs)")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "bench_api.json"
     out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
-                               "cpus": __import__("os").cpu_count(), "max_tokens": args.max_tokens,
+                               "cpus": os.cpu_count(), "load_average": load, "max_tokens": args.max_tokens,
                                "rows": [asdict(r) for r in rows], "itl_overhead_pct": overhead}, indent=2))
     print(f"wrote {out}")
     return 0

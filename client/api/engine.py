@@ -109,8 +109,11 @@ class Engine:
     def chat_ids(self, messages: tuple[ChatMessage, ...]) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise bad_request(f"{self.name} has no chat template; use /v1/completions", "messages")
-        text = self.tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages],
-                                                  add_generation_prompt=True, tokenize=False)
+        try:
+            text = self.tokenizer.apply_chat_template([{"role": m.role, "content": m.content} for m in messages],
+                                                      add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # templates raise on what they do not accept (e.g. roles that do not alternate)
+            raise bad_request(f"the chat template of {self.name} refused these messages: {e}", "messages") from None
         return self.tokenizer(text, add_special_tokens=False).input_ids  # the template holds BOS etc.
 
     def text_ids(self, prompt: str | tuple[int, ...]) -> list[int]:

@@ -155,7 +155,7 @@ def render_page(nonce: str) -> str:
 <button id="clear" class="secondary" type="button">New chat</button>
 <span id="status">loading models…</span></header>
 <main id="log" aria-live="polite"></main>
-<form id="chat"><textarea id="input" rows="1" placeholder="Message (Enter sends, Shift+Enter: new line)" aria-label="message"></textarea>
+<form id="chat"><textarea id="input" rows="1" placeholder="Message" title="Enter sends, Shift+Enter starts a new line" aria-label="message"></textarea>
 <button id="send" type="submit">Send</button><button id="stop" type="button" class="secondary" hidden>Stop</button></form>
 <script nonce="{nonce}">{SCRIPT}</script>
 </body></html>
