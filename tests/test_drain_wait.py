@@ -53,3 +53,13 @@ async def test_already_covered_leaves_at_once(others) -> None:
     fetch, calls = views_in_order(covered)
     assert await drain.wait_until_covered(fetch, "me", timeout=10) == "covered"
     assert calls["n"] == 1
+
+
+def test_the_monitor_counts_a_draining_peer_as_serving_and_shows_it() -> None:
+    from client.monitor.state import Probe, model_state
+
+    v = view(8, rec("a", "0:4"), rec("me", "4:8", state=D))
+    probes = {p: Probe(p, True, 0.01, None, {"record": {}}) for p in ("a", "me")}
+    m = model_state(v, probes)
+    assert m["healthy"] and m["gaps"] == [] and m["peer_counts"]["draining"] == 1
+    assert [p["state"] for p in m["peers"]] == ["online", "draining"]

@@ -124,9 +124,12 @@ def peer_entry(record: PeerRecord, probe: Probe | None, reports: int = 0) -> dic
     }
 
 
+SERVING_STATES = (PeerState.ONLINE.value, PeerState.DRAINING.value)
+
+
 def counts_as_serving(peer: Mapping[str, Any]) -> bool:
-    """ONLINE and answering: a peer that announces but cannot be reached serves nobody."""
-    return peer["state"] == PeerState.ONLINE.value and peer["reachable"] is True
+    """ONLINE (or DRAINING: leaving, still serving) and answering: a peer that cannot be reached serves nobody."""
+    return peer["state"] in SERVING_STATES and peer["reachable"] is True
 
 
 def model_state(
