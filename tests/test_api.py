@@ -90,6 +90,7 @@ class Api:
     peers: list[SwarmProcess]
     gateway: Gateway
     model: DistributedModel
+    path: Path
     name: str
 
     def pools(self) -> dict[str, tuple[int, int]]:
@@ -141,7 +142,7 @@ def api(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[
             for peer in peers:
                 swarm.wait_online(peer)
             lm = DistributedModel.from_pretrained(model, swarm.initial_peers)
-            ctx = Api(swarm, peers, gateway, lm, model.name)
+            ctx = Api(swarm, peers, gateway, lm, model, model.name)
             wait_for(lambda: serving(ctx), 30, "the model in /v1/models")
             yield ctx
         finally:
@@ -409,3 +410,17 @@ def test_no_route_is_503_with_retry_after(api: Api) -> None:
     assert json.loads(text)["error"]["code"] == "no_route"
     status, _, text = api.gateway.request("GET", "/health", key=None)
     assert status == 503 and json.loads(text)["status"] == "unavailable"
+
+
+def test_busy_peers_are_429_with_retry_after(api: Api) -> None:
+    # Layers 1:2 come back on a peer that takes one session at a time; this test holds that one.
+    peer = api.swarm.start_peer(api.path, "1:2", "--announce-ttl", "4", "--max-sessions", "1")
+    wait_for(lambda: serving(api), 30, "the model back in /v1/models")
+    with api.model.inference_session(max_length=8) as held:
+        api.model.generate(api.chat_ids(MESSAGES)[:, :4], max_new_tokens=1, session=held)
+        status, headers, text = api.gateway.request("POST", "/v1/chat/completions",
+                                                    {"model": api.name, "messages": MESSAGES, "max_tokens": 4})
+    assert status == 429 and int(headers["Retry-After"]) > 0, text
+    error = json.loads(text)["error"]
+    assert error["code"] == "peers_busy" and "too many open sessions" in error["message"]
+    peer.kill()
