@@ -1,9 +1,13 @@
-"""CPU decode-step time of one Shard (SmolLM2-135M, all 30 layers) vs transformers + DynamicCache.
+"""CPU decode-step time of one Shard (all layers) vs transformers + DynamicCache, per model shape.
 
+Models: SmolLM2-135M (llama), a Mixtral-shaped mixture of experts (8 experts, top-2) and a
+Gemma-2-shaped model (sandwich norms, soft-capping, a 64-token sliding window on every other
+layer, so a 128-token context runs past it). The last two are random checkpoints saved by
+transformers into a temporary folder: speed does not depend on the weights' values.
 Both sides run only the decoder stack (transformers: `model.model`, i.e. layers + final norm;
 no LM head) on the same hidden states, with ~128 tokens of context per sequence.
 
-    .venv/bin/python benchmarks/bench_shard_cpu.py [--steps 30] [--context 128]
+    .venv/bin/python benchmarks/bench_shard_cpu.py [--steps 30] [--context 128] [--models smollm2,moe,gemma2]
 
 Prints a table and writes benchmarks/results/bench_shard_cpu.json.
 """
@@ -15,17 +19,36 @@ import datetime
 import json
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 
-from shards import BatchLayout, PagePool, PageTable, Shard
+from shards import BatchLayout, ModelConfig, PagePool, PageTable, Shard
 from shards.demo_model import prepare_demo_model
 
 RESULTS = Path(__file__).parent / "results" / "bench_shard_cpu.json"
+_SHAPE = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+              vocab_size=1024, max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+SHAPES = {  # model_type and its sizes, beside the common _SHAPE
+    "moe": ("mixtral", dict(intermediate_size=1024, num_local_experts=8, num_experts_per_tok=2)),
+    "gemma2": ("gemma2", dict(intermediate_size=2048, sliding_window=64, query_pre_attn_scalar=64)),
+}
+
+
+def model_path(name: str, folder: Path) -> Path:
+    """The checkpoint folder of a --models entry (random shapes are saved into `folder`)."""
+    if name == "smollm2":
+        return prepare_demo_model()
+    model_type, sizes = SHAPES[name]
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **_SHAPE, **sizes)
+    path = folder / name
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(path)
+    return path
 
 
 def time_interleaved(steps_by_name: dict[str, Callable[[], None]], steps: int, warmup: int) -> dict[str, list[float]]:
@@ -85,12 +108,21 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--models", default="smollm2,moe,gemma2", help="comma-separated: smollm2, moe, gemma2")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    path = prepare_demo_model()
-    shard = Shard.from_pretrained(path, 0, 30)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            path = model_path(name, Path(tmp))
+            print(f"{name}: {path}", flush=True)
+            rows += bench_model(name, path, args)
+    report(rows, args)
 
+
+def bench_model(model_name: str, path: Path, args: argparse.Namespace) -> list[dict]:
+    shard = Shard.from_pretrained(path, 0, ModelConfig.from_pretrained(path).num_layers)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     rows = []
     total = args.steps + args.warmup
     for batch in (1, 8):
@@ -101,22 +133,27 @@ def main() -> None:
         if batch > 1:  # a ragged batch (contexts 64..192) only the paged shard can express without padding
             ragged = [args.context // 2 + i * args.context // (batch - 1) for i in range(batch)]
             cases["layerswarm Shard, ragged ctx"] = shard_step(shard, ragged, total)
-        for name, t in time_interleaved(cases, args.steps, args.warmup).items():
+        for impl, t in time_interleaved(cases, args.steps, args.warmup).items():
             median = statistics.median(t)
             rows.append(
-                {"impl": name, "batch": batch, "context": args.context, "median_ms": 1e3 * median,
+                {"model": model_name, "impl": impl, "batch": batch, "context": args.context, "median_ms": 1e3 * median,
                  "p90_ms": 1e3 * sorted(t)[int(0.9 * (len(t) - 1))], "tokens_per_s": batch / median}
             )
+    return rows
 
-    print(f"{'impl':<30} {'batch':>5} {'ctx':>5} {'median ms':>10} {'p90 ms':>8} {'tok/s':>8}")
+
+def report(rows: list[dict], args: argparse.Namespace) -> None:
+    print(f"{'model':<8} {'impl':<30} {'batch':>5} {'ctx':>5} {'median ms':>10} {'p90 ms':>8} {'tok/s':>8}")
     for r in rows:
-        print(f"{r['impl']:<30} {r['batch']:>5} {r['context']:>5} {r['median_ms']:>10.2f} {r['p90_ms']:>8.2f} {r['tokens_per_s']:>8.1f}")
+        print(f"{r['model']:<8} {r['impl']:<30} {r['batch']:>5} {r['context']:>5} {r['median_ms']:>10.2f} "
+              f"{r['p90_ms']:>8.2f} {r['tokens_per_s']:>8.1f}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
         "torch": torch.__version__,
-        "model": "SmolLM2-135M-Instruct float32, layers 0:30",
+        "models": "float32, all layers: SmolLM2-135M-Instruct; moe = mixtral 4 layers, hidden 512, 8 experts "
+                  "(1024) top-2; gemma2 = 4 layers, hidden 512, MLP 2048, window 64 on layers 0 and 2",
         "steps": args.steps,
         "warmup": args.warmup,
     }

@@ -75,10 +75,14 @@ class Rotary:
         self._by_length: dict[int, torch.Tensor] = {}
 
     @property
+    def length_dependent(self) -> bool:
+        return self.rope_type in _LENGTH_DEPENDENT
+
+    @property
     def static(self) -> bool:
         """True when cos/sin are `inv_freq` alone: what a fused kernel given only `inv_freq` computes."""
         return (
-            self.rope_type not in _LENGTH_DEPENDENT
+            not self.length_dependent
             and self.attention_factor == 1.0
             and self.rotary_dim == 2 * self.inv_freq.shape[0]
         )
@@ -101,7 +105,7 @@ class Rotary:
         `lt` (the step's layout) is needed by length-dependent types to know each sequence's length.
         """
         pos = positions.to(torch.float32)[:, None]  # (N, 1)
-        if self.rope_type in _LENGTH_DEPENDENT and lt is not None:
+        if self.length_dependent and lt is not None:
             freqs = pos * self._per_token_inv_freq(positions, lt)  # (N, d/2)
         else:
             freqs = pos * self.inv_freq[None, :]  # (N, d/2)

@@ -13,6 +13,9 @@ from shards.errors import CheckpointError
 from shards.families import block_class
 from shards.kv_cache import KVCache
 from shards.loading import fingerprint, load_tensors, require, tensor_files
+from shards.quant_checkpoint import load_block as load_quant_block
+from shards.quant_checkpoint import read_quant_format
+from shards.quant_checkpoint import tensor_names as quant_tensor_names
 from shards.rotary import Rotary
 
 
@@ -51,13 +54,25 @@ class Shard(nn.Module):
                 f"(valid ranges are a:b with 0 <= a < b <= {config.num_layers})"
             )
         files = tensor_files(path)
-        names = [n for layer in range(start, end) for n in block_class(config, layer).hf_tensor_names(config, layer)]
+        qformat = read_quant_format(path)  # None: an ordinary checkpoint; else `swarm-peer quantize`'s
+
+        def layer_names(layer: int) -> list[str]:
+            if qformat is None:
+                return block_class(config, layer).hf_tensor_names(config, layer)
+            return quant_tensor_names(config, layer, qformat)
+
+        names = [n for layer in range(start, end) for n in layer_names(layer)]
         require(files, names, path, f"layers {start}:{end}")
         shard = cls(config, start, end, dtype, torch.device(device))
         for layer, block in zip(range(start, end), shard.blocks):
             # One layer at a time keeps peak memory near one layer's worth of temporaries.
-            names_i = type(block).hf_tensor_names(config, layer)
-            block.load_hf(config, layer, load_tensors(files, names_i, dtype, device))
+            if qformat is None:
+                block.load_hf(config, layer, load_tensors(files, layer_names(layer), dtype, device))
+            else:  # quantized tensors keep their stored dtypes
+                load_quant_block(block, config, layer, load_tensors(files, layer_names(layer), None, device),
+                                 qformat, dtype)
+        if qformat is not None:
+            shard.quant = qformat.quant
         shard.fingerprint = fingerprint(files, names, extra=f"{config!r}|{start}:{end}")
         return shard.eval()
 
@@ -66,6 +81,13 @@ class Shard(nn.Module):
         """Whether `shards.cuda_graphs.decode_forward` (plain llama math, RoPE from `rotary.inv_freq`
         alone) computes exactly these blocks: llama, qwen2, mistral without a sliding window."""
         return self.rotary.static and self.local_rotary is None and all(b.supports_fused_decode for b in self.blocks)
+
+    @property
+    def prefix_sharing_safe(self) -> bool:
+        """False for length-dependent RoPE (dynamic, longrope): a prefix's keys then depend on how long
+        the sequence was when they were computed, so one sequence's pages are not valid for another."""
+        rotaries = [self.rotary] + ([self.local_rotary] if self.local_rotary is not None else [])
+        return not any(r.length_dependent for r in rotaries)
 
     def new_cache(self, num_pages: int, page_size: int = 16) -> KVCache:
         c = self.config

@@ -72,20 +72,22 @@ def family_config(variant: str, kw: dict):
     if variant == "qwen3_moe":  # layer 1 keeps a dense MLP
         moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True)
         return AutoConfig.for_model("qwen3_moe", **dict(small, **moe, mlp_only_layers=[1]))
-    if variant == "mixtral":  # dynamic NTK rope past 32 positions, sliding window 12
+    if variant == "mixtral":  # dynamic NTK rope past 24 positions, sliding window 12
         dynamic = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
         return AutoConfig.for_model(
             "mixtral",
             **dict(small, num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, sliding_window=12,
-                   max_position_embeddings=32, rope_parameters=dynamic),
+                   max_position_embeddings=24, rope_parameters=dynamic),
         )  # fmt: skip
-    if variant == "phi3":  # fused qkv / gate_up tensors; longrope past 16 positions; half the head rotates
+    if variant == "phi3":  # fused qkv / gate_up tensors; half the head rotates; longrope past 8 positions
+        # (end-to-end prompts all start past 8: transformers' Phi-3 `generate` re-computes the whole
+        # cache when a sequence crosses the threshold, which a paged cache does not)
         longrope = {
             "rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.1, 1.2, 1.5],
-            "long_factor": [1.0, 2.0, 4.0, 8.0], "original_max_position_embeddings": 16, "partial_rotary_factor": 0.5,
+            "long_factor": [1.0, 2.0, 4.0, 8.0], "original_max_position_embeddings": 8, "partial_rotary_factor": 0.5,
         }  # fmt: skip
         return AutoConfig.for_model(
-            "phi3", **dict(small, max_position_embeddings=64, original_max_position_embeddings=16,
+            "phi3", **dict(small, max_position_embeddings=64, original_max_position_embeddings=8,
                            sliding_window=10, rope_parameters=longrope),
         )  # fmt: skip
     if variant == "gemma2":  # small caps so tanh soft-capping really bends scores and logits
