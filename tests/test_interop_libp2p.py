@@ -118,6 +118,7 @@ def test_py_libp2p_client_generates_like_transformers(interop_venv: Path, smol_s
     # The second peer's address came from the view alone; the client relayed 0:15 -> 15:30 itself.
     assert out["route"] == [[smol_swarm.first, 0, 15], [smol_swarm.second, 15, 30]]
     assert out["tokens"] == reference  # prefill + 16 greedy decode steps, token for token
+    print(f"py-libp2p client: prefill {out['prefill_seconds']:.2f} s, decode {out['decode_ms_per_token']:.0f} ms/token")
 
 
 @pytest.mark.slow
