@@ -89,6 +89,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--peers", type=int, default=3, help="Peers splitting the 30 layers evenly (2: 0:15, 15:30).")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/bench_client_modes.json"))
     args = parser.parse_args()
     model_path = prepare_demo_model()
@@ -98,7 +99,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-modes-"))
     with LocalSwarm(work, {"OMP_NUM_THREADS": "1"}) as swarm:
         swarm.start_dht()
-        peers = [swarm.start_peer(model_path, r, wait=False) for r in ("0:10", "10:20", "20:30")]
+        cuts = [round(30 * i / args.peers) for i in range(args.peers + 1)]
+        ranges = [f"{a}:{b}" for a, b in zip(cuts, cuts[1:])]
+        peers = [swarm.start_peer(model_path, r, wait=False) for r in ranges]
         for peer in peers:
             swarm.wait_online(peer)
         with DistributedModel.from_pretrained(model_path, swarm.initial_peers) as model:
@@ -108,12 +111,14 @@ def main() -> None:
                 results["push_equal" if push else "relay_equal"] = bool(torch.equal(out, reference))
             results["aggregate_tok_s"] = aggregate_tokens_per_second(model, ids, args.tokens, args.sessions)
             results["sessions"] = args.sessions
-    print(f"SmolLM2-135M float32, 3 peers (0:10, 10:20, 20:30) on loopback, greedy, {args.tokens} tokens, "
+    results["peers"] = ranges
+    print(f"SmolLM2-135M float32, {args.peers} peers ({', '.join(ranges)}) on loopback, greedy, {args.tokens} tokens, "
           f"prompt {ids.shape[1]} tokens; decode ms/token (prefill excluded)")
     print(f"{'what':<42} {'ms/token':>9}")
     print(f"{'local transformers generate':<42} {results['local_transformers_ms']:>9.1f}")
     print(f"{'swarm, relay through the client':<42} {results['relay_ms']:>9.1f}   same tokens: {results['relay_equal']}")
     print(f"{'swarm, server-to-server push':<42} {results['push_ms']:>9.1f}   same tokens: {results['push_equal']}")
+    print(f"push / local transformers: {results['push_ms'] / results['local_transformers_ms']:.3f}x")
     print(f"aggregate with {args.sessions} concurrent sessions: {results['aggregate_tok_s']:.1f} tokens/s")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
