@@ -6,8 +6,10 @@ started (`client.local_swarm.LocalSwarm`, i.e. the command line) and `Distribute
 
 - bf16, one peer 0:32; bf16, two peers 0:16 + 16:32 on the same GPU; int8 and int4, one peer;
 - batch 1: decode ms per token, prefill excluded ((time for N tokens - time for 1) / (N - 1));
-- 32 concurrent sessions: aggregate new tokens per second, from 16 client processes of 2 threads
-  each (a client process is one user's Python; 32 users are not one thread pool).
+- 32 concurrent sessions of 2N tokens: aggregate new tokens per second from the common start
+  (prefills included), and while all 32 decode (from the last first token to the first last
+  token), from 16 client processes of 2 threads each (a client process is one user's Python;
+  32 users are not one thread pool).
 Anchors in the same run: the device's copy bandwidth (floor = weight bytes / bandwidth) and
 transformers' own `generate` on the same checkpoint. Prints a table; writes JSON to
 $OUT/bench_gpu_swarm.json (or benchmarks/results/).
@@ -128,8 +130,24 @@ def ms_per_token(model, tokens: int) -> float:
     return (fulls[1] - firsts[1]) / (tokens - 1) * 1e3
 
 
+class TokenClock:
+    """A streamer that notes when each new token of one session arrives (time.monotonic)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if self._prompt_seen:
+            self.times.append(time.monotonic())
+        self._prompt_seen = True  # the first put is the prompt
+
+    def end(self) -> None:
+        pass
+
+
 def worker(model_path: str, initial_peers: list[str], model_name: str, threads: int, tokens: int, seed: int) -> None:
-    """One client process: `threads` concurrent sessions; prints its tokens and seconds as JSON."""
+    """One client process: `threads` concurrent sessions; prints each session's token times as JSON."""
     from client import DistributedModel
 
     with DistributedModel.from_pretrained(model_path, initial_peers, model_name=model_name,
@@ -138,14 +156,14 @@ def worker(model_path: str, initial_peers: list[str], model_name: str, threads: 
         print("ready", flush=True)
         sys.stdin.readline()  # all workers start together
         errors: list[BaseException] = []
+        clocks = [TokenClock() for _ in range(threads)]
 
         def run(i: int) -> None:
             try:
-                model.generate(prompt(seed * 100 + i), max_new_tokens=tokens, eos_token_id=[])
+                model.generate(prompt(seed * 100 + i), max_new_tokens=tokens, eos_token_id=[], streamer=clocks[i])
             except BaseException as e:  # reported below
                 errors.append(e)
 
-        started = time.perf_counter()
         pool = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
         for t in pool:
             t.start()
@@ -153,10 +171,15 @@ def worker(model_path: str, initial_peers: list[str], model_name: str, threads: 
             t.join(300)
         if errors:
             raise errors[0]
-        print(json.dumps({"tokens": threads * tokens, "seconds": time.perf_counter() - started}), flush=True)
+        print(json.dumps([c.times for c in clocks]), flush=True)
 
 
-def aggregate_tokens_per_second(model_path: Path, swarm: LocalSwarm, model_name: str, tokens: int) -> float:
+def aggregate_tokens_per_second(model_path: Path, swarm: LocalSwarm, model_name: str, tokens: int) -> tuple[float, float]:
+    """(all new tokens / wall time from the common start, decode tokens/s while all sessions decode).
+
+    The second counts only tokens that arrive between the moment the last session got its first
+    token (every prefill done) and the moment the first session finished: steady-state decoding.
+    """
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "worker", str(model_path), model_name, str(SESSIONS // CLIENT_PROCESSES),
@@ -168,16 +191,21 @@ def aggregate_tokens_per_second(model_path: Path, swarm: LocalSwarm, model_name:
     try:
         for p in procs:
             assert p.stdout.readline().strip() == "ready", "a client worker failed to start"
-        started = time.perf_counter()
+        started = time.monotonic()
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
-        total = sum(json.loads(p.stdout.readline())["tokens"] for p in procs)
-        return total / (time.perf_counter() - started)
+        sessions = [times for p in procs for times in json.loads(p.stdout.readline())]
     finally:
         for p in procs:
             p.kill()
             p.wait()
+    total = sum(len(t) for t in sessions)
+    overall = total / (max(t[-1] for t in sessions) - started)
+    window = (max(t[0] for t in sessions), min(t[-1] for t in sessions))
+    inside = sum(1 for times in sessions for t in times if window[0] < t <= window[1])
+    steady = inside / (window[1] - window[0]) if window[1] > window[0] else float("nan")
+    return overall, steady
 
 
 def run_setup(name: str, model_path: Path, work: Path, tokens: int) -> dict:
@@ -197,11 +225,11 @@ def run_setup(name: str, model_path: Path, work: Path, tokens: int) -> dict:
             assert model.device.type == "cuda"
             ms = ms_per_token(model, tokens)
             stats = [model.loop.run(model.swarm.peer_info(p.peer_id), timeout=60)["stats"] for p in peers]
-        tok_s = aggregate_tokens_per_second(model_path, swarm, name, tokens)
-    row = dict(setup=name, quant=quant, peers=ranges, start_s=start_s, ms=ms, tok_s=tok_s,
+        tok_s, decode_tok_s = aggregate_tokens_per_second(model_path, swarm, name, 2 * tokens)
+    row = dict(setup=name, quant=quant, peers=ranges, start_s=start_s, ms=ms, tok_s=tok_s, decode_tok_s=decode_tok_s,
                graph_batches=sum(s["graph_batches"] for s in stats), eager_batches=sum(s["eager_batches"] for s in stats))
-    print(f"  {name}: {ms:.2f} ms/token, {tok_s:.0f} tokens/s with {SESSIONS} sessions (peers up in {start_s:.0f} s)",
-          flush=True)
+    print(f"  {name}: {ms:.2f} ms/token, {tok_s:.0f} tokens/s with {SESSIONS} sessions ({decode_tok_s:.0f} while all "
+          f"decode; peers up in {start_s:.0f} s)", flush=True)
     return row
 
 
@@ -258,7 +286,7 @@ def main() -> None:
     hf_ms = None if args.no_hf else transformers_ms_per_token(model_path, args.tokens)
     print(f"\n{dev.name}, torch {torch.__version__}; Llama-2-7B shape, prompt {PROMPT_TOKENS}, {args.tokens} new tokens, "
           f"greedy; through swarm-peer processes and DistributedModel (head on the GPU, bf16)")
-    print(f"{'setup':8} {'ms/token':>9} {'floor':>7} {'tok/s x32':>10} {'graph/eager batches':>20}  targets")
+    print(f"{'setup':8} {'ms/token':>9} {'floor':>7} {'tok/s x32':>10} {'decoding':>9} {'graph/eager batches':>20}  targets")
     for r in rows:
         if "error" in r:
             print(f"{r['setup']:8} failed: {r['error']}")
@@ -270,7 +298,7 @@ def main() -> None:
                 met = value <= target if kind == "ms" else value >= target
                 notes.append(f"{kind} {'<=' if kind == 'ms' else '>='} {target:g}: " +
                              ("met" if met else f"missed by {abs(value - target):.2f}"))
-        print(f"{r['setup']:8} {r['ms']:>9.2f} {floors[r['quant']]:>7.2f} {r['tok_s']:>10.0f} "
+        print(f"{r['setup']:8} {r['ms']:>9.2f} {floors[r['quant']]:>7.2f} {r['tok_s']:>10.0f} {r['decode_tok_s']:>9.0f} "
               f"{r['graph_batches']:>10}/{r['eager_batches']:<9}  {'; '.join(notes)}")
     if hf_ms is not None:
         print(f"{'HF':8} {hf_ms:>9.2f}   (transformers generate, bf16, same checkpoint, one process)")
