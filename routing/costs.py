@@ -34,6 +34,10 @@ class RouteCosts:
     # replay its history elsewhere soon. 1000 s puts it behind any working route, even one
     # through peers short of pages, yet ahead of a banned peer, which failed outright.
     draining_penalty: float = 1_000.0
+    # A relayed peer (behind NAT, reached through a libp2p circuit relay) adds the relay's round
+    # trip to every step, one more default_rtt; and relays cap each circuit's time and bytes
+    # (p2pd: 30 min, 4 GiB), so a direct peer of similar speed is the better choice.
+    relayed_penalty: float = 0.05
     # Records may announce 0 throughput before their first measurement; dividing by this
     # floor treats them as very slow (1000 s per token) instead of infinitely slow.
     min_throughput: float = 1e-3
@@ -61,6 +65,8 @@ def _fixed_cost(record: PeerRecord, rtt: float | None, costs: RouteCosts, pages_
     cost = (costs.default_rtt if rtt is None else rtt) + costs.hop_overhead
     if pages_needed > 0 and record.free_pages < pages_needed:
         cost += costs.low_pages_penalty
+    if record.relayed:
+        cost += costs.relayed_penalty
     if record.state is PeerState.DRAINING:
         cost += costs.draining_penalty
     return cost

@@ -92,6 +92,7 @@ class PeerRecord:
     addrs: tuple[str, ...] = ()
     num_layers: int = 0  # the model's total layer count, so a view knows n without the checkpoint
     updated: float = 0.0  # wall-clock time of the announcement, for display
+    relayed: bool = False  # others reach this peer only through a libp2p relay (slower; behind NAT)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -145,6 +146,8 @@ class PeerRecord:
             for name in ("peer_id", "model", "dtype", "quant", "version", "public_name", "fingerprint"):
                 if name in kwargs:
                     kwargs[name] = _bounded_str(name, kwargs[name])
+            if type(kwargs.get("relayed", False)) is not bool:  # absent in records of older peers
+                raise ValueError("relayed must be a bool")
             record = cls(**kwargs)
         except (KeyError, TypeError, IndexError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from e

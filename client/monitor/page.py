@@ -82,7 +82,8 @@ def reach_cell(peer: Mapping[str, Any]) -> str:
     if peer["reachable"] is None:
         return '<span class="muted">probing…</span>'
     if peer["reachable"]:
-        return '<span class="ok">yes</span>'
+        # A relayed peer (behind NAT) is reached through a circuit relay: slower, and worth fixing.
+        return '<span class="ok">yes</span>' + (' <span class="muted">via relay</span>' if peer.get("relayed") else "")
     return f'<span class="bad">no</span><span class="err">{esc(peer["error"] or "")}</span>'
 
 

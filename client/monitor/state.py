@@ -114,6 +114,7 @@ def peer_entry(record: PeerRecord, probe: Probe | None, reports: int = 0) -> dic
         "quant": record.quant,
         "version": record.version,
         "updated": record.updated,
+        "relayed": record.relayed,  # reachable only through a libp2p relay (behind NAT)
         # None = not probed yet (first refresh still running): neither good nor bad news.
         "reachable": None if probe is None else probe.reachable,
         "rtt_ms": None if probe is None or probe.rtt is None else round(probe.rtt * 1000, 2),
