@@ -17,6 +17,7 @@ with transformers: the real weights are not available where the GPU runs.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -114,6 +115,34 @@ def test_graph_decode_equals_eager_decode(checkpoint: Path, quant: str, dtype: t
     errors += [decode_both([2, 3]) for _ in range(7)]
     assert graphs.steps["graph"] == 20 and eager.steps["graph"] == 0
     assert max(errors) < TOLERANCE[dtype], f"graph vs eager relative errors {errors}"
+
+
+def test_a_move_captures_new_graphs_while_the_old_engine_serves(checkpoint: Path) -> None:
+    """What `PeerServer.migrate` does: build (and capture) the next range's engine on one thread
+    while the compute thread keeps replaying the current engine's graphs."""
+    old = ServingEngine(Shard.from_pretrained(checkpoint, 0, 15, dtype=torch.bfloat16, device="cuda"),
+                        num_pages=16, page_size=16, max_length=128)
+    table = [[0, 1, 2]]
+    old.run_batch(torch.randn(20, 576).to(torch.bfloat16), BatchLayout([20], [0], table, 16), (0, 15), True)
+    built: list[ServingEngine] = []
+    mover = threading.Thread(target=lambda: built.append(
+        ServingEngine(Shard.from_pretrained(checkpoint, 15, 30, dtype=torch.bfloat16, device="cuda"),
+                      num_pages=16, page_size=16, max_length=128)))
+    mover.start()
+    replays, deadline = 0, time.monotonic() + 120
+    while (mover.is_alive() or replays < 5) and time.monotonic() < deadline:
+        layout = BatchLayout.decode([20 + replays % 20], table, 16)
+        out = old.run_batch(torch.randn(1, 576).to(torch.bfloat16), layout, (0, 15), True)
+        assert out.isfinite().all()
+        replays += 1
+    mover.join(120)
+    assert built and built[0].graphs is not None and built[0].graphs.graphs
+    assert old.steps["graph"] == replays
+    new = built[0]
+    x = torch.randn(20, 576).to(torch.bfloat16)
+    new.run_batch(x, BatchLayout([20], [0], table, 16), (15, 30), True)
+    assert new.run_batch(x[:1], BatchLayout.decode([20], table, 16), (15, 30), True).isfinite().all()
+    assert new.steps["graph"] == 1
 
 
 # ---------------------------------------------------------------- through real peer processes
