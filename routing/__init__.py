@@ -10,8 +10,8 @@ Only `swarm.types` is imported from the rest of the project.
              feed plan_route(banned=...).
 - balance.py layer_throughput, layer_counts, layer_servers, choose_layers, should_move,
              urgent_layers, covered_without, possible_takers (array-level forms:
-             choose_window, plan_move): which layers a peer should serve, redundancy before
-             speed; when to decide at once; when a draining peer may leave.
+             choose_window, plan_move): which layers a peer should serve (sole-served layers
+             discounted); when to decide at once; when a draining peer may leave.
 - spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
              parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
@@ -20,7 +20,7 @@ Only `swarm.types` is imported from the rest of the project.
 
 from routing.balance import (
     DEFAULT_QUALITY,
-    REDUNDANCY,
+    SOLE_DISCOUNT,
     choose_layers,
     choose_window,
     covered_without,
@@ -30,6 +30,7 @@ from routing.balance import (
     plan_move,
     possible_takers,
     should_move,
+    strengths,
     urgent_layers,
 )
 from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
@@ -43,7 +44,7 @@ __all__ = [
     "BAN_CAP_S",
     "BAN_FACTOR",
     "DEFAULT_QUALITY",
-    "REDUNDANCY",
+    "SOLE_DISCOUNT",
     "BanList",
     "NoRouteError",
     "RouteCosts",
@@ -63,5 +64,6 @@ __all__ = [
     "route_cost",
     "sample_route",
     "should_move",
+    "strengths",
     "urgent_layers",
 ]

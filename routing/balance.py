@@ -12,10 +12,10 @@ as servers when checking that a move uncovers nothing, since a loading peer serv
 DRAINING peers count nowhere here: they are leaving, so their layers look as thin as they
 will be, and peers that can take them over do so while the drainer still serves.
 
-Redundancy comes before speed: given per-layer server counts, a layer with fewer than
-REDUNDANCY servers is weaker than any layer with REDUNDANCY or more, whatever their
-throughput. A layer with one server is one abrupt departure from a gap that lasts a whole
-weight load; a second server turns that departure into a repair with no gap.
+Redundancy counts too: given per-layer server counts, a layer with a single server counts
+at SOLE_DISCOUNT of its throughput (its *strength*). Such a layer is one abrupt departure
+from a gap that lasts a whole weight load, while a second server turns that departure into
+a repair with no gap; so a second server is worth more there than speed alone says.
 
 The array-level functions (choose_window, plan_move) take per-layer lists so a simulator
 can keep them incrementally; choose_layers / should_move are the same on a SwarmView.
@@ -23,7 +23,6 @@ can keep them incrementally; choose_layers / should_move are the same on a Swarm
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
@@ -33,9 +32,13 @@ from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 # and breaks the sessions on the old range, so small gains are not worth it; and a margin
 # this wide stops two peers from swapping back and forth on measurement noise.
 DEFAULT_QUALITY = 0.75
-# Servers per layer wanted before throughput counts: with two, one abrupt departure leaves the
-# layer served while a replacement loads; a third would cost memory a 2x swarm does not have.
-REDUNDANCY = 2
+# A layer served by one peer counts at this share of its throughput. 1/2: a second server of
+# the same speed then quadruples the layer's strength (2x throughput, no discount), so peers
+# fill sole-served layers first unless the doubly served ones are more than 2x slower.
+# Measured in the simulator (docs/balancing.md): coverage rises with redundancy while the
+# swarm's max flow stays near the throughput-only placement's; a strict "two servers first"
+# order bought 99.7% coverage at a third of the max flow.
+SOLE_DISCOUNT = 0.5
 
 _COUNTED = (PeerState.ONLINE, PeerState.JOINING)
 
@@ -75,11 +78,13 @@ def choose_window(
 ) -> LayerRange:
     """The window of `num_layers` consecutive layers that most needs another server.
 
-    Ranked by, in order: most uncovered layers (throughput <= 0) inside; if `servers` (per-layer
-    counts) is given, most layers with fewer than REDUNDANCY servers inside; lowest minimum
+    Ranked by, in order: most uncovered layers (throughput <= 0) inside; lowest minimum
     throughput inside (the window holds the bottleneck); lowest total throughput inside;
-    lowest start. Runs in O(layers) with C-speed builtins on the common path.
+    lowest start. With `servers` (per-layer counts) the ranking uses strengths (strengths())
+    instead of throughput. Runs in O(layers) with C-speed builtins on the common path.
     """
+    if servers is not None:
+        throughput = strengths(throughput, servers)
     total = len(throughput)
     if total == 0:
         raise ValueError("cannot choose layers of a model with 0 layers")
@@ -91,8 +96,6 @@ def choose_window(
     lowest = min(throughput)
     if lowest <= 0:
         return _cover_most_gaps(throughput, k)
-    if servers is not None and min(servers) < REDUNDANCY:
-        return _cover_most_thin(throughput, servers, k)
     # Only windows containing a layer at the global minimum can have the lowest minimum.
     candidates: set[int] = set()
     position = _index(throughput, lowest, 0)
@@ -125,11 +128,11 @@ def plan_move(
     candidate; each move also strictly improves the sorted throughput vector, so moves
     cannot cycle.
 
-    With `others_counted` (per-layer ONLINE + JOINING counts without this peer) a layer's
-    strength is the pair (min(servers, REDUNDANCY), throughput), compared in that order: the
-    candidate is choose_window(others, k, others_counted), and the peer moves when the
-    weakest touched layer gains a server below REDUNDANCY, or keeps its count and passes the
-    throughput test above. The sorted vector of pairs then strictly improves: still no cycles.
+    With `others_counted` (per-layer ONLINE + JOINING counts without this peer) every
+    throughput above is a layer's strength (strengths()): the candidate is
+    choose_window(others, k, others_counted) and the test compares the weakest touched
+    strengths. A layer's strength depends on that layer alone, so the same argument holds:
+    the sorted strength vector strictly improves, no cycles.
     """
     if not 0 < quality <= 1:
         raise ValueError(f"quality must be in (0, 1], got {quality}")
@@ -148,13 +151,17 @@ def plan_move(
         return target if before < quality * after else None
     weakest_now = min(_strength(others, others_counted, layer, layer in mine, my_throughput) for layer in touched)
     weakest_then = min(_strength(others, others_counted, layer, layer in theirs, my_throughput) for layer in touched)
-    if weakest_now[0] != weakest_then[0]:
-        return target if weakest_now[0] < weakest_then[0] else None
-    return target if weakest_now[1] < quality * weakest_then[1] else None
+    return target if weakest_now < quality * weakest_then else None
 
 
-def _strength(others: Sequence[float], counted: Sequence[int], layer: int, mine: bool, thr: float) -> tuple[int, float]:
-    return (min(counted[layer] + mine, REDUNDANCY), others[layer] + (thr if mine else 0.0))
+def strengths(throughput: Sequence[float], servers: Sequence[int]) -> list[float]:
+    """Per-layer throughput, a sole-served layer's at SOLE_DISCOUNT of it (0 stays 0)."""
+    return [t * SOLE_DISCOUNT if n == 1 else t for t, n in zip(throughput, servers)]
+
+
+def _strength(others: Sequence[float], counted: Sequence[int], layer: int, mine: bool, thr: float) -> float:
+    value = others[layer] + (thr if mine else 0.0)
+    return value * SOLE_DISCOUNT if counted[layer] + mine == 1 else value
 
 
 def urgent_layers(view: SwarmView) -> list[int]:
@@ -253,35 +260,6 @@ def _cover_most_gaps(throughput: Sequence[float], k: int) -> LayerRange:
 
     best = min(candidates, key=rank)
     return LayerRange(best, best + k)
-
-
-def _cover_most_thin(throughput: Sequence[float], servers: Sequence[int], k: int) -> LayerRange:
-    """Windows ranked by (most layers below REDUNDANCY servers, lowest minimum, lowest total, start).
-
-    One sweep: prefix sums give each window's thin count and total, a monotonic deque its minimum.
-    """
-    total = len(throughput)
-    thin = [0] * (total + 1)
-    sums = [0.0] * (total + 1)
-    for layer in range(total):
-        thin[layer + 1] = thin[layer] + (servers[layer] < REDUNDANCY)
-        sums[layer + 1] = sums[layer] + throughput[layer]
-    best: tuple[int, float, float, int] | None = None
-    window: deque[int] = deque()  # layers whose throughput increases from front to back
-    for layer in range(total):
-        while window and throughput[window[-1]] >= throughput[layer]:
-            window.pop()
-        window.append(layer)
-        start = layer - k + 1
-        if start < 0:
-            continue
-        if window[0] < start:
-            window.popleft()
-        rank = (-(thin[layer + 1] - thin[start]), throughput[window[0]], sums[layer + 1] - sums[start], start)
-        if best is None or rank < best:
-            best = rank
-    assert best is not None
-    return LayerRange(best[3], best[3] + k)
 
 
 def _index(values: Sequence[float], value: float, start: int) -> int:

@@ -1,0 +1,89 @@
+"""How long one peer's placement decision and one client's route choice take on a 1,000-peer view.
+
+    .venv/bin/python -m benchmarks.sim_decisions --peers 1000 --seed 0
+
+Builds a SwarmView of `peers` peers drawn from the simulator's GPU classes, placed one after
+another where the swarm is weakest, on an 80-layer model and on a model sized for 2x redundancy,
+then times (median CPU time of `repeat` calls) what a peer and a client compute from the DHT view:
+choose_layers (join), should_move (balance check), choose_route on an idle and a busy swarm,
+and the exact max flow (routing.flow; only the simulator and benchmarks need it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+
+from benchmarks.simulate_swarm import GPU_CLASSES, THROUGHPUT_SIGMA
+from routing import choose_layers, choose_route, choose_window, max_flow_throughput, should_move
+from swarm.types import PeerRecord, PeerState, SwarmView
+
+
+def build_view(peers: int, num_layers: int | None, seed: int, busy: bool) -> SwarmView:
+    rng = random.Random(seed)
+    drawn = []
+    for _ in range(peers):
+        k, median, _ = rng.choices(GPU_CLASSES, [c[2] for c in GPU_CLASSES])[0]
+        drawn.append((k, median * math.exp(rng.gauss(0, THROUGHPUT_SIGMA))))
+    n = num_layers or round(sum(k for k, _ in drawn) / 2)
+    thr, counts = [0.0] * n, [0] * n  # placed with the array form of choose_layers, one peer at a time
+    records: dict[str, PeerRecord] = {}
+    for i, (k, t) in enumerate(drawn):
+        layers = choose_window(thr, min(k, n), counts)
+        for layer in range(layers.start, layers.end):
+            thr[layer] += t
+            counts[layer] += 1
+        free = rng.randint(0, 400) if busy else 1000
+        pid = f"peer{i:05d}"
+        records[pid] = PeerRecord(pid, "m", layers, PeerState.ONLINE, t, free_pages=free, total_pages=1000)
+    return SwarmView("m", n, records, {p: rng.uniform(0.01, 0.15) for p in records})
+
+
+def median_ms(fn, repeat: int) -> float:
+    """Median CPU time of this process per call: on a shared machine wall time measures the neighbours."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.process_time()
+        fn()
+        times.append((time.process_time() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--peers", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "decisions.json")
+    a = ap.parse_args(argv)
+    rows = {}
+    for label, layers in (("80 layers", 80), ("2x (layers = sum k / 2)", None)):
+        view = build_view(a.peers, layers, a.seed, busy=False)
+        busy = build_view(a.peers, layers, a.seed, busy=True)
+        me = sorted(view.records)[a.peers // 2]
+        rng = random.Random(a.seed)
+        rows[label] = {
+            "layers": view.num_layers,
+            "choose_layers_ms": median_ms(lambda v=view: choose_layers(v, 8), a.repeat),
+            "should_move_ms": median_ms(lambda v=view, me=me: should_move(v, me), a.repeat),
+            "choose_route_idle_ms": median_ms(lambda v=view, rng=rng: choose_route(v, rng), a.repeat),
+            "choose_route_busy_ms": median_ms(lambda v=busy, rng=rng: choose_route(v, rng), a.repeat),
+            "max_flow_ms": median_ms(lambda v=view: max_flow_throughput(v), 1),
+        }
+    header = ["view", "layers", "choose_layers", "should_move", "choose_route idle", "choose_route busy", "max flow"]
+    print(" | ".join(header))
+    for label, r in rows.items():
+        print(" | ".join([label, str(r["layers"])] + [f"{r[k]:.1f} ms" for k in list(r)[1:]]))
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps({"peers": a.peers, "seed": a.seed, "rows": rows}, indent=1))
+    print(f"wrote {a.json}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
