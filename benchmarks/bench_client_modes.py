@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -90,6 +91,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--peers", type=int, default=3, help="Peers splitting the 30 layers evenly (2: 0:15, 15:30).")
+    parser.add_argument("--peer-threads", type=int, default=os.cpu_count() or 1,
+                        help="Torch threads per peer. Default: all cores, like the local transformers run (the peers "
+                             "of one session compute one after another, so each may use the whole machine).")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/bench_client_modes.json"))
     args = parser.parse_args()
     model_path = prepare_demo_model()
@@ -97,7 +101,8 @@ def main() -> None:
     results: dict = {"date": time.strftime("%Y-%m-%d"), "prompt_tokens": ids.shape[1], "tokens": args.tokens}
     results["local_transformers_ms"], reference = local_ms_per_token(model_path, ids, args.tokens)
     work = Path(tempfile.mkdtemp(prefix="bench-modes-"))
-    with LocalSwarm(work, {"OMP_NUM_THREADS": "1"}) as swarm:
+    results["peer_threads"] = args.peer_threads
+    with LocalSwarm(work, {"OMP_NUM_THREADS": str(args.peer_threads)}) as swarm:
         swarm.start_dht()
         cuts = [round(30 * i / args.peers) for i in range(args.peers + 1)]
         ranges = [f"{a}:{b}" for a, b in zip(cuts, cuts[1:])]
