@@ -87,14 +87,15 @@ async def generate(args: argparse.Namespace) -> dict[str, Any]:
         first = info_from_p2p_addr(multiaddr.Multiaddr(args.peer))
         with trio.fail_after(args.timeout):
             await host.connect(first)
-        entry = MessageStream(await host.new_stream(first.peer_id, [PROTOCOL]))
+        entry = MessageStream(await host.new_stream(first.peer_id, [PROTOCOL]), args.timeout)
 
         info = await entry.request({"type": "info"}, expect="info")
         model, num_layers, dtype = info["record"]["model"], info["record"]["num_layers"], info["record"]["dtype"]
-        for attempt in range(args.view_attempts):  # a peer that just joined may not be in the DHT yet
+        attempts = max(1, args.view_attempts)
+        for attempt in range(attempts):  # a peer that just joined may not be in the DHT yet
             view = await entry.request({"type": "view", "model": model}, expect="view")
             route = plan_route(view["records"], num_layers)
-            if route or attempt + 1 == args.view_attempts:
+            if route or attempt + 1 == attempts:
                 break
             await trio.sleep(1.0)
         out.update(info=info["record"], view=view)
@@ -107,18 +108,18 @@ async def generate(args: argparse.Namespace) -> dict[str, Any]:
             peer = peer_info_of(record)
             with trio.fail_after(args.timeout):
                 await host.connect(peer)
-            stream = MessageStream(await host.new_stream(peer.peer_id, [PROTOCOL]))
-            opened = await stream.request({"type": "open", "session_id": secrets.token_hex(16), "batch": 1,
-                                           "max_length": len(prompt) + args.decode_steps + 1,
-                                           "layers": [start, end]}, expect="opened")
-            streams.append((stream, opened))
+            stream = MessageStream(await host.new_stream(peer.peer_id, [PROTOCOL]), args.timeout)
+            await stream.request({"type": "open", "session_id": secrets.token_hex(16), "batch": 1,
+                                  "max_length": len(prompt) + args.decode_steps + 1,
+                                  "layers": [start, end]}, expect="opened")
+            streams.append(stream)
 
         tokens: list[int] = []
         new_ids, position, step_seconds = prompt, 0, []
         for step_id in range(args.decode_steps + 1):  # step 0 is the prefill
             started = time.perf_counter()
             hidden = head.embed_tokens(new_ids)  # (N, H)
-            for stream, _ in streams:  # relay: each hop's output is the next hop's input
+            for stream in streams:  # relay: each hop's output is the next hop's input
                 result = await stream.request(
                     {"type": "step", "step_id": step_id, "hidden": encode_tensor(hidden, dtype),
                      "new_tokens": [len(new_ids)], "positions": [position]}, expect="result")
@@ -132,7 +133,7 @@ async def generate(args: argparse.Namespace) -> dict[str, Any]:
             step_seconds.append(time.perf_counter() - started)
             position += len(new_ids)
             new_ids = [token]
-        for stream, _ in streams:
+        for stream in streams:
             await stream.request({"type": "close"}, expect="closed")
             await stream.close()
         out.update(tokens=tokens, prefill_seconds=step_seconds[0],
@@ -153,7 +154,8 @@ def main() -> None:
                         help="stream multiplexer to offer (our peers' p2pd accepts both)")
     parser.add_argument("--view-attempts", type=int, default=10,
                         help="ask `view` up to this many times (1 s apart) until the peers seen cover every layer")
-    parser.add_argument("--timeout", type=float, default=30.0, help="seconds allowed for each connection")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds allowed for each connection and each request's reply")
     args = parser.parse_args()
     print(json.dumps(trio.run(generate, args)), flush=True)
     sys.exit(0)

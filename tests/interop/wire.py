@@ -12,6 +12,7 @@ from typing import Any
 
 import msgpack
 import numpy as np
+import trio
 
 HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 256 * 2**20  # what we accept; the peer applies its own limits to what it receives
@@ -72,10 +73,11 @@ def decode_tensor(obj: Any) -> np.ndarray:
 
 
 class MessageStream:
-    """Whole messages over one py-libp2p stream (anything with async read(n) / write(bytes) / close())."""
+    """Whole messages over one py-libp2p stream (trio; anything with async read(n) / write(bytes) / close())."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any, timeout: float = 60.0) -> None:
         self.stream = stream
+        self.timeout = timeout  # seconds for one request's reply: a stuck peer fails the client, never hangs it
 
     async def _read_exactly(self, n: int) -> bytes:
         chunks, missing = [], n
@@ -105,8 +107,9 @@ class MessageStream:
 
     async def request(self, msg: dict[str, Any], expect: str) -> dict[str, Any]:
         """Send, then read the reply, which must have type `expect`."""
-        await self.send(msg)
-        reply = await self.recv()
+        with trio.fail_after(self.timeout):
+            await self.send(msg)
+            reply = await self.recv()
         if reply["type"] != expect:
             raise ValueError(f"expected a {expect!r} reply to {msg['type']!r}, got {reply['type']!r}")
         return reply
