@@ -21,16 +21,26 @@ import torch
 
 from peer.config import FaultyOutputs
 from peer.page_outputs import PageOutputs
-from peer.prefix_cache import MAX_TOKEN_ID
 from peer.push import PushLinks
 from peer.rate_limit import RateLimiter
 from peer.scheduler import BatchScheduler, WorkItem
 from peer.sessions import PeerSession, SessionRegistry
 from swarm import messages as m
 from swarm.auth import SwarmKey
-from swarm.codec import DTYPES, Limits, encode_tensor
+from swarm.codec import Limits, encode_tensor
 from swarm.connection import PeerStream, require_auth, serve_stream
 from swarm.errors import ConnectionClosed, ProtocolError
+from swarm.schema import (  # noqa: F401 - MAX_ROUTE_HOPS, parse_chain, parse_token_ids: imported from here by tests
+    MAX_ROUTE_HOPS,
+    Close,
+    Forward,
+    Open,
+    Push,
+    Step,
+    Truncate,
+    parse_chain,
+    parse_token_ids,
+)
 from swarm.types import LayerRange
 
 logger = logging.getLogger(__name__)
@@ -143,53 +153,56 @@ class StreamHandler:
         if kind == m.VIEW and self.view is not None:
             return await self.view(msg)
         if kind == m.FORWARD:
-            return await self._forward(msg, remote)
+            return await self._forward(Forward.from_wire(msg, self.limits), remote)
         if kind == m.OPEN:
-            return self._open(msg, remote, stream, owned)
+            return self._open(Open.from_wire(msg, self.limits), remote, stream, owned)
         if kind == m.STEP:
-            session = self.registry.get(self._own_session(msg, owned))
-            if "push_from" in msg:  # the client re-binds pushes after replacing the hop before this one
-                session.push_from, session.push_token = parse_push_binding(msg)
-            await self._step(session, msg, stream)
+            step = Step.from_wire(msg, self.limits)
+            session = self.registry.get(self._own_session(step.session_id, owned))
+            if step.push_from is not None:  # the client re-binds pushes after replacing the hop before this one
+                session.push_from, session.push_token = step.push_from, step.push_token
+            await self._step(session, step, stream)
             return None
         if kind == m.PUSH:
-            session = self.registry.get(m.require_str(msg, "session_id"))
-            check_push(session, msg, remote)
+            push = Push.from_wire(msg, self.limits)
+            session = self.registry.get(push.session_id)
+            check_push(session, push, remote)
             # A push's result goes to the stream that opened the session, not back to the pusher.
-            asyncio.get_running_loop().create_task(self._pushed_step(session, msg))
+            asyncio.get_running_loop().create_task(self._pushed_step(session, push))
             return None
         if kind == m.TRUNCATE:
-            session = self.registry.get(self._own_session(msg, owned))
-            length = m.require_int(msg, "length", min=0)
-            await self.registry.truncate(session, length)
-            return {"type": m.TRUNCATED, "length": length}
+            truncate = Truncate.from_wire(msg, self.limits)
+            session = self.registry.get(self._own_session(truncate.session_id, owned))
+            await self.registry.truncate(session, truncate.length)
+            return {"type": m.TRUNCATED, "length": truncate.length}
         if kind == m.CLOSE:
-            session_id = self._own_session(msg, owned)
+            session_id = self._own_session(Close.from_wire(msg, self.limits).session_id, owned)
             owned.remove(session_id)
             await self._close_session(session_id)
             return {"type": m.CLOSED, "session_id": session_id}
         raise ProtocolError("unknown_type", f"{kind!r} is not a request a peer answers")
 
-    def _own_session(self, msg: dict[str, Any], owned: list[str]) -> str:
-        session_id = m.require_str(msg, "session_id", default=owned[0] if owned else "")
+    def _own_session(self, session_id: str | None, owned: list[str]) -> str:
+        """The session a request names (default: the stream's first), which must have been opened on this stream."""
+        if session_id is None:
+            session_id = owned[0] if owned else ""
         if session_id not in owned:
             raise ProtocolError("no_session", f"session {session_id!r} was not opened on this stream; send open first")
         return session_id
 
-    def _layers_of(self, msg: dict[str, Any]) -> LayerRange:
+    def _layers_of(self, layers: tuple[int, int] | None) -> LayerRange:
         """The request's layer sub-range (default: all served layers), which this peer must cover."""
-        if "layers" not in msg:
+        if layers is None:
             return self.served.layers
-        wanted = LayerRange(*m.require_layers(msg))
+        wanted = LayerRange(*layers)
         if not self.served.layers.covers(wanted):
             raise ProtocolError(
                 "wrong_layers", f"this peer serves layers {self.served.layers}, not {wanted}", retryable=True
             )
         return wanted
 
-    def _hidden(self, msg: dict[str, Any], new_tokens: list[int]) -> torch.Tensor:
-        """The step's hidden states, checked: shape (sum(new_tokens), H), our dtype, all finite."""
-        hidden = m.require_tensor(msg, "hidden", self.limits, ndim=2, dtypes=tuple(d for d, _ in DTYPES.values()))
+    def _check_hidden(self, hidden: torch.Tensor, new_tokens: list[int]) -> torch.Tensor:
+        """The request's hidden states, checked against what we serve: (sum(new_tokens), H), our dtype, finite."""
         if hidden.dtype != self.served.dtype:
             raise ProtocolError("bad_tensor", f"hidden states must be {self.served.dtype}, got {hidden.dtype}")
         if hidden.shape[1] != self.served.hidden_size:
@@ -200,11 +213,11 @@ class StreamHandler:
             raise ProtocolError(
                 "bad_field", f"hidden has {hidden.shape[0]} rows but new_tokens sums to {sum(new_tokens)}"
             )
-        if not torch.isfinite(hidden).all():
+        if hidden.numel() and not bool(hidden.float().abs().max() < float("inf")):  # NaN fails the <, too
             raise ProtocolError("bad_tensor", "hidden states contain NaN or infinity")
         return hidden
 
-    async def _forward(self, msg: dict[str, Any], remote: str) -> dict[str, Any]:
+    async def _forward(self, request: Forward, remote: str) -> dict[str, Any]:
         """A stateless forward, run as a scratch session that is closed when it is done.
 
         Its KV pages come from the pool and count against the client's page quota, and the
@@ -213,11 +226,13 @@ class StreamHandler:
         """
         if not self.accepting():
             raise ProtocolError("shutting_down", "this peer is leaving or moving; route elsewhere", retryable=True)
-        layers = self._layers_of(msg)
-        new_tokens = m.require_int_list(msg, "new_tokens", min=1, max=self.registry.limits.max_length)
+        layers = self._layers_of(request.layers)
+        new_tokens = request.new_tokens
+        if max(new_tokens) > self.registry.limits.max_length:
+            raise ProtocolError("bad_field", f"new_tokens must be at most {self.registry.limits.max_length} per sequence")
         if not 1 <= len(new_tokens) <= self.registry.limits.max_batch:
             raise ProtocolError("bad_field", f"new_tokens must list 1..{self.registry.limits.max_batch} sequences")
-        hidden = self._hidden(msg, new_tokens)
+        hidden = self._check_hidden(request.hidden, new_tokens)
         scratch = self.registry.open(uuid.uuid4().hex, remote, layers, max(new_tokens), len(new_tokens))
         try:
             await self.registry.reserve(scratch, new_tokens, self.alloc_timeout)
@@ -230,38 +245,35 @@ class StreamHandler:
             await self.registry.close(scratch.session_id)
         return {"type": m.RESULT, "hidden": encode_tensor(self._maybe_corrupt(output))}
 
-    def _open(self, msg: dict[str, Any], remote: str, stream: PeerStream, owned: list[str]) -> dict[str, Any]:
+    def _open(self, request: Open, remote: str, stream: PeerStream, owned: list[str]) -> dict[str, Any]:
         if not self.accepting():
             raise ProtocolError("shutting_down", "this peer is leaving or moving; route elsewhere", retryable=True)
-        session_id = m.require_str(msg, "session_id", max_len=128, default="") or uuid.uuid4().hex
-        max_length = m.require_int(msg, "max_length", min=1)
-        batch = m.require_int(msg, "batch", min=1, default=1)
-        layers = self._layers_of(msg)
-        push_from, push_token = parse_push_binding(msg) if "push_from" in msg else (None, "")
-        session = self.registry.open(session_id, remote, layers, max_length, batch)
-        session.push_from, session.push_token = push_from, push_token
+        session_id = request.session_id or uuid.uuid4().hex
+        layers = self._layers_of(request.layers)
+        session = self.registry.open(session_id, remote, layers, request.max_length, request.batch)
+        session.push_from, session.push_token = request.push_from, request.push_token or ""
         owned.append(session_id)
         self.streams[session_id] = stream
         return {"type": m.OPENED, "session_id": session_id, "page_size": self.registry.pool.page_size}
 
-    async def _step(self, session: PeerSession, msg: dict[str, Any], stream: PeerStream) -> None:
+    async def _step(self, session: PeerSession, step: Step | Push, stream: PeerStream) -> None:
         """Run one step; answer on `stream`, then push the output down the `next` chain if any.
 
         The answer goes out before the push so the client holds every hop's output (it replays
         them into a replacement when a later hop dies) at no cost to the push's latency.
         """
-        step_id = m.require_int(msg, "step_id", min=0)
-        new_tokens = m.require_int_list(msg, "new_tokens", length=len(session.tables), min=1)
-        positions = m.require_int_list(msg, "positions", length=len(session.tables), min=0)
-        chain = parse_chain(msg)
+        step_id, new_tokens, positions, chain = step.step_id, step.new_tokens, step.positions, list(step.next or ())
+        if len(new_tokens) != len(session.tables):
+            raise ProtocolError("bad_field", f"new_tokens and positions must list the session's {len(session.tables)} "
+                                "sequences")
         if positions != session.lengths:
             raise ProtocolError(
                 "out_of_order", f"positions {positions} do not follow the cached lengths {session.lengths}"
             )
         if max(p + n for p, n in zip(positions, new_tokens)) > session.max_length:
             raise ProtocolError("too_long", f"step would exceed the session's max_length {session.max_length}")
-        hidden = self._hidden(msg, new_tokens)
-        token_ids = parse_token_ids(msg, new_tokens)
+        hidden = self._check_hidden(step.hidden, new_tokens)
+        token_ids = step.token_ids
         if session.busy:
             raise ProtocolError("out_of_order", "a step of this session is still running")
         session.busy = True
@@ -284,7 +296,7 @@ class StreamHandler:
                     "push_failed", f"step {step_id}: could not push to {peer_id}: {e}", retryable=True
                 ) from e
 
-    async def _pushed_step(self, session: PeerSession, msg: dict[str, Any]) -> None:
+    async def _pushed_step(self, session: PeerSession, push: Push) -> None:
         """Run a step that arrived from the previous hop; answer on the session's client stream."""
         stream = self.streams.get(session.session_id)
         if stream is None:
@@ -293,7 +305,7 @@ class StreamHandler:
             if not self.rate_limiter.allow(session.remote):  # the client pays for its pushed steps
                 raise ProtocolError("rate_limited", f"more than {self.rate_limiter.rate:g} steps/s from one client "
                                     "(pushed steps count too); slow down or use another peer", retryable=True)
-            await self._step(session, msg, stream)
+            await self._step(session, push, stream)
         except ProtocolError as e:
             await self._send_error(stream, e)
             return
@@ -355,57 +367,9 @@ class StreamHandler:
 
 
 
-def parse_token_ids(msg: dict[str, Any], new_tokens: list[int]) -> list[list[int]] | None:
-    """The optional `token_ids` field: per sequence, the token ids of its new positions."""
-    value = msg.get("token_ids")
-    if value is None:
-        return None
-    if not isinstance(value, list) or len(value) != len(new_tokens):
-        raise ProtocolError("bad_field", f"field 'token_ids' must be a list of {len(new_tokens)} lists of ints")
-    for i, (ids, n) in enumerate(zip(value, new_tokens)):
-        if not isinstance(ids, list) or len(ids) != n:
-            raise ProtocolError("bad_field", f"token_ids[{i}] must list {n} token ids (new_tokens[{i}])")
-        if not all(type(t) is int and 0 <= t <= MAX_TOKEN_ID for t in ids):
-            raise ProtocolError("bad_field", f"token_ids[{i}] must hold ints in [0, {MAX_TOKEN_ID}]")
-    return value
-
-
-# Pushed routes are at most this many hops, so `next` lists at most MAX_ROUTE_HOPS - 1 entries.
-# 16 hops covers the largest open models (126 layers) at 8 layers per peer; each hop adds a
-# network hop to every token, so longer routes are slow anyway, and a client with one relays
-# its steps itself instead of pushing. The bound keeps one step's fan-out small (every push is
-# also charged to the client's step rate).
-MAX_ROUTE_HOPS = 16
-MIN_PUSH_TOKEN = 16  # characters: a client-chosen secret nobody can guess
-
-
-def parse_chain(msg: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The optional `next` field: [[peer_id, session_id, push_token], ...], the hops downstream of this one."""
-    chain = msg.get("next", [])
-    if not isinstance(chain, list) or len(chain) >= MAX_ROUTE_HOPS:
-        raise ProtocolError("bad_field", f"field 'next' must be a list of at most {MAX_ROUTE_HOPS - 1} "
-                            f"[peer_id, session_id, push_token] (routes of at most {MAX_ROUTE_HOPS} hops push)")
-    hops = []
-    for hop in chain:
-        if not (isinstance(hop, list) and len(hop) == 3 and all(isinstance(x, str) and 0 < len(x) <= 128 for x in hop)):
-            raise ProtocolError("bad_field", "each entry of 'next' must be [peer_id, session_id, push_token] strings")
-        hops.append((hop[0], hop[1], hop[2]))
-    return hops
-
-
-def parse_push_binding(msg: dict[str, Any]) -> tuple[str, str]:
-    """`push_from` (the upstream peer allowed to push into the session) and the client's `push_token`."""
-    push_from = m.require_str(msg, "push_from", max_len=128)
-    token = m.require_str(msg, "push_token", max_len=128)
-    if not push_from or len(token) < MIN_PUSH_TOKEN:
-        raise ProtocolError("bad_field", f"push_from must name a peer and push_token must be a secret of "
-                            f"{MIN_PUSH_TOKEN}..128 characters")
-    return push_from, token
-
-
-def check_push(session: PeerSession, msg: dict[str, Any], remote: str) -> None:
+def check_push(session: PeerSession, push: Push, remote: str) -> None:
     """A push is accepted only from the peer the client named, carrying the token the client chose."""
-    token = m.require_str(msg, "push_token", max_len=128, default="")
+    token = push.push_token
     if (session.push_from is None or remote != session.push_from
             or not hmac.compare_digest(token.encode(), session.push_token.encode())):
         raise ProtocolError("unauthorized", "this peer may not push into that session")
