@@ -32,3 +32,32 @@ def test_cli_writes_json(tmp_path) -> None:
     main(["--peers", "30", "--hours", "0.25", "--layers", "24", "--json", str(out)])
     data = json.loads(out.read_text())
     assert data["num_layers"] == 24 and 0.0 <= data["coverage_time_fraction"] <= 1.0
+
+
+def test_graceful_leavers_wait_for_cover_so_departures_open_no_gap() -> None:
+    # Every departure drains: a leaver stays until its layers have another ONLINE server.
+    r = simulate(SimConfig(peers=60, hours=1.0, seed=2, churn=0.3, redundancy=3.0, graceful=1.0))
+    assert r.drains == r.departures > 5 and r.drains_timed_out == 0
+    assert r.coverage_time_fraction == 1.0
+    assert r.flow_vs_bound_mean is not None and 0 < r.bottleneck_vs_bound_mean <= r.flow_vs_bound_mean <= 1.0
+    assert r.spread_vs_bound_mean is not None and r.spread_vs_bound_mean <= r.flow_vs_bound_mean + 1e-9
+    abrupt = simulate(SimConfig(peers=60, hours=1.0, seed=2, churn=0.3, redundancy=3.0, graceful=0.0))
+    assert abrupt.drains == 0 and abrupt.departures > 5
+
+
+def test_helix_cluster_spread_routes_serve_near_the_placement_max_flow() -> None:
+    import random
+
+    from benchmarks import sim_cluster
+    from routing.flow import max_flow_of
+
+    peers = sim_cluster.cluster_peers("helix24", random.Random(0))
+    ranges, _ = sim_cluster.place(peers, 80, 0.75)
+    caps = [rate for _, _, rate, _ in peers]
+    flow = max_flow_of(list(zip(ranges, caps)), 80)
+    spread, routes, util = sim_cluster.serve(peers, ranges, 80, 120, True, 0)
+    fastest, _, _ = sim_cluster.serve(peers, ranges, 80, 120, False, 0)
+    assert flow <= sum(caps) / 80 * (1 + 1e-9)
+    assert 0.9 * flow <= spread <= flow * (1 + 1e-6)
+    assert spread > 3 * fastest  # one shortest path for everyone wastes most of the cluster
+    assert max(util) <= 1 + 1e-6 and all(r[0].layers.start == 0 and r[-1].layers.end == 80 for r in routes)
