@@ -60,7 +60,7 @@ async def run_config(model: DistributedModel, shard: Shard, liar: str, verify: f
     swarm = model.swarm
     view = await swarm.view(fresh=True)
     counts = dict(steps=0, lies=0, rejected=0, identified=0, inconclusive=0, false_alarms=0, old_check=0,
-                  verified=0)
+                  verified=0, verified_lies=0)
     vocab = model.model_config.vocab_size
     step_id = 0
     while counts["steps"] < steps:
@@ -84,6 +84,7 @@ async def run_config(model: DistributedModel, shard: Shard, liar: str, verify: f
                 counts["old_check"] += lie and old_check_flags(y, truth)
                 if rng.random() < verify:
                     counts["verified"] += 1
+                    counts["verified_lies"] += lie
                     verdict = await check_step(swarm, hop, x, [n], y)
                     counts["identified"] += verdict.liar == liar
                     counts["inconclusive"] += verdict.inconclusive

@@ -25,12 +25,9 @@ from client.swarm_client import SwarmClient
 from client.verify import check_step, fingerprint_outliers
 from routing import NoRouteError
 from swarm.errors import RemoteError
+from swarm.schema import MAX_ROUTE_HOPS
 
 logger = logging.getLogger(__name__)
-
-# Peers refuse push chains of routes longer than this (peer/handler.py MAX_ROUTE_HOPS); longer
-# routes are relayed by the client.
-MAX_PUSH_HOPS = 16
 
 
 @dataclass
@@ -147,7 +144,8 @@ class InferenceSession:
         index, x = 0, hidden
         # Verification compares each hop's output before the next hop uses it: relay only. A hop whose
         # upstream changed (failover) is re-bound by the next relayed step before pushes resume.
-        if (push and not self.swarm.config.verify and 1 < len(self.hops) <= MAX_PUSH_HOPS and self.lengths[0] > 0
+        # Peers refuse push chains of longer routes; those are relayed.
+        if (push and not self.swarm.config.verify and 1 < len(self.hops) <= MAX_ROUTE_HOPS and self.lengths[0] > 0
                 and all(h.upstream == self._upstream(i) for i, h in enumerate(self.hops) if i)):
             index, x = await self._push_step(x, new_tokens, step_id, token_ids)
         attempts = 0

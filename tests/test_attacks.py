@@ -17,7 +17,6 @@ from transformers import AutoModelForCausalLM
 
 from client import ClientConfig, DistributedModel
 from client.local_swarm import LocalSwarm
-from peer.handler import MAX_ROUTE_HOPS, parse_chain
 from shards.batch import BatchLayout
 from shards.shard import Shard
 from swarm import messages as m
@@ -25,6 +24,7 @@ from swarm.codec import Limits, encode_tensor
 from swarm.connection import PeerStream, open_stream
 from swarm.dht import SwarmNode
 from swarm.errors import ProtocolError, RemoteError
+from swarm.schema import MAX_ROUTE_HOPS, parse_chain
 from tests.swarm_processes import new_test_swarm
 
 pytestmark = pytest.mark.slow
