@@ -106,6 +106,7 @@ def run_client(python: Path, swarm: SmolSwarm, prompt: list[int], *extra: str) -
 
 @pytest.mark.slow
 @pytest.mark.demo_model
+@pytest.mark.timeout(1200)  # its setup may build .venv-interop (~1-3 min) and start the swarm (~2 min, loaded CI)
 def test_py_libp2p_client_generates_like_transformers(interop_venv: Path, smol_swarm: SmolSwarm,
                                                       prompt_and_reference) -> None:
     prompt, reference = prompt_and_reference
