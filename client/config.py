@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+QUANT_PRECISION = ("int4", "int8", "none")  # a peer's announced quantization, least precise first
+
 
 @dataclass(frozen=True)
 class ClientConfig:
@@ -18,3 +20,14 @@ class ClientConfig:
     view_max_age: float = 5.0  # re-read the DHT when the cached view is older than this
     verify: float = 0.0  # fraction of steps recomputed on other peers to catch wrong results
     swarm_key: str | Path | None = None  # secret file of a private swarm (swarm/auth.py)
+    min_quant: str | None = None  # route only through peers at least this precise ("int8": int8 or none); None: any
+
+    def __post_init__(self) -> None:
+        if self.min_quant is not None and self.min_quant not in QUANT_PRECISION:
+            raise ValueError(f"min_quant={self.min_quant!r}: choose one of {', '.join(QUANT_PRECISION)} (or None for any)")
+
+    def accepts_quant(self, quant: str) -> bool:
+        """Whether a peer announcing `quant` is precise enough (unknown kinds are not, when a minimum is set)."""
+        if self.min_quant is None:
+            return True
+        return quant in QUANT_PRECISION and QUANT_PRECISION.index(quant) >= QUANT_PRECISION.index(self.min_quant)

@@ -63,14 +63,20 @@ class SwarmClient:
             view = await self.view(fresh)
             return choose_route(view, self.route_rng, start=start, end=end, costs=self.costs,
                               banned=self.bans.penalties(time.monotonic()), pages_needed=pages_needed,
-                              exclude=set(exclude) | self.distrusted)
+                              exclude=set(exclude) | self.distrusted | self._too_coarse(view))
         except NoRouteError as e:
             if fresh:
+                if self._too_coarse(self._view):
+                    e.args = (f"{e.args[0]} (peers quantized below min_quant={self.config.min_quant} are not used)",)
                 if not self._view.records and self.swarm_key is None:
                     e.args = (f"{e.args[0]} (no peer of {self.model_name} is visible at all: check the model "
                               "name and initial peers; a private swarm also needs swarm_key=FILE)",)
                 raise
             return await self.plan(start, end, pages_needed, fresh=True, exclude=exclude)
+
+    def _too_coarse(self, view: SwarmView) -> set[str]:
+        """Peers whose announced quantization is below the client's `min_quant`."""
+        return {pid for pid, r in view.records.items() if not self.config.accepts_quant(r.quant)}
 
     async def open_stream(self, peer_id: str) -> PeerStream:
         """A protocol stream to `peer_id` (authenticated in a private swarm)."""

@@ -17,6 +17,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from peer.config import FaultyOutputs, PeerConfig, ServingLimits
+from peer.quantize_cli import checkpoint_quant, quantize
 from swarm.types import LayerRange
 
 # click's exception classes, from wherever this typer takes them (recent typers vendor click).
@@ -115,6 +116,8 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    for chatty in ("httpx", "httpx2", "httpcore"):  # huggingface_hub's HTTP client logs each request at INFO
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def say(line: str) -> None:
@@ -303,6 +306,7 @@ def serve(
     addresses = check_addresses(initial_peers, host_maddrs, announce_maddrs, public_ip, port)
     check_device(device)
     source = resolve_checked(model, revision, layer_range, num_layers, weights=not dry_run)
+    quant, quant_group_size = checkpoint_quant(source.path, quant, quant_group_size)  # a quantized --model fixes them
     config = PeerConfig(
         model_path=source.path,
         layers=layer_range,
@@ -490,6 +494,9 @@ def load_swarm_key(path: Path | None):
         return SwarmKey.load(path)
     except SwarmKeyError as e:
         raise typer.BadParameter(str(e), param_hint="--swarm-key") from None
+
+
+app.command()(quantize)  # swarm-peer quantize: peer/quantize_cli.py
 
 
 @app.command()
