@@ -75,7 +75,7 @@ class SimConfig:
     graceful: float = 0.0  # share of departures that drain instead of vanishing
     drain_max_s: float = DRAIN_MAX_S
     react: bool = True  # decide at once when a layer has no ONLINE server (else wait for the period)
-    redundancy_aware: bool = True  # balance on (servers up to REDUNDANCY, throughput), not throughput alone
+    redundancy_aware: bool = True  # balance on strengths (sole-served layers discounted), not throughput alone
 
 
 @dataclass
@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--graceful", type=float, default=0.0, help="share of departures that drain first")
     ap.add_argument("--drain-max", type=float, default=DRAIN_MAX_S, help="seconds a drain may wait")
     ap.add_argument("--no-react", action="store_true", help="peers wait for their period even when a layer has no ONLINE server")
-    ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no redundancy)")
+    ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
