@@ -139,9 +139,9 @@ def api(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[
         gateway = Gateway(model, swarm.initial_peers[0], root / "keys", root / "logs" / "api.log")
         lm = None
         try:
+            lm = DistributedModel.from_pretrained(model, swarm.initial_peers)  # needs the DHT only: joins while peers load
             for peer in peers:
                 swarm.wait_online(peer)
-            lm = DistributedModel.from_pretrained(model, swarm.initial_peers)
             ctx = Api(swarm, peers, gateway, lm, model, model.name)
             wait_for(lambda: serving(ctx), 30, "the model in /v1/models")
             yield ctx
