@@ -1,17 +1,21 @@
-"""Model math for one contiguous range of decoder layers (llama / mistral / qwen2 families).
+"""Model math for one contiguous range of decoder layers (llama, mistral, qwen2, qwen3, qwen3_moe,
+mixtral, phi3, gemma2, gemma3_text; see the README's table).
 
 File map:
-    config.py      ModelConfig: hyperparameters parsed from a HF config.json
+    config.py      ModelConfig: hyperparameters parsed from a HF config.json; supported / refused families
     errors.py      CheckpointError, UnsupportedModelError
     loading.py     read only the needed tensors from safetensors (+ header checks, fingerprint)
     paging.py      PagePool / PageTable: KV page bookkeeping, metadata only (no torch)
     kv_cache.py    KVCache: the paged K/V tensors of one shard
     batch.py       BatchLayout (ragged batch of sequences) -> LayoutTensors (per-step indices)
-    rotary.py      RoPE, incl. llama3 / linear scaling
-    attention.py   paged attention, torch reference (prefill + decode, GQA, many sequences)
-    block.py       DecoderBlock: RMSNorm, attention, SwiGLU MLP (fused projections)
+    rotary.py      RoPE via transformers' ROPE_INIT_FUNCTIONS (linear, dynamic, yarn, longrope, llama3)
+    attention.py   paged attention, torch reference (prefill + decode, GQA, many sequences, soft-capping)
+    block.py       DecoderBlock: RMSNorm, attention (+ q/k norms, sliding window), gated MLP (fused projections)
+    gemma.py       GemmaBlock: DecoderBlock + norms after attention and after the MLP (Gemma 2 / 3)
+    moe.py         MoEBlock: DecoderBlock whose MLP is a router + top-k experts (Mixtral, Qwen3-MoE)
+    families.py    block_class(config, layer): which block serves a layer
     shard.py       Shard: layers [start, end) loaded and run over a BatchLayout
-    head.py        ModelHead: embeddings, final norm, LM head (what the client holds)
+    head.py        ModelHead: embeddings (+ scale), final norm, LM head (+ soft-capping): what the client holds
     demo_model.py  prepare_demo_model(): SmolLM2-135M-Instruct from its GGUF, as safetensors
     resolve.py     a local folder or a Hub repo id -> local files (HF cache; only the files a peer's
                    layers or a client's head need; offline mode; errors naming repo and revision)
