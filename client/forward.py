@@ -10,8 +10,7 @@ import torch
 
 from client.errors import SwarmError, is_hop_failure
 from client.hop import TORCH_DTYPES
-from swarm import messages as m
-from swarm.codec import encode_tensor
+from swarm.schema import Forward, Result
 
 if TYPE_CHECKING:
     from client.swarm_client import SwarmClient
@@ -38,11 +37,9 @@ async def forward_through_swarm(
             try:
                 stream = await swarm.open_stream(hop.peer_id)
                 try:
-                    reply = await stream.request(
-                        {"type": m.FORWARD, "hidden": encode_tensor(x.to(TORCH_DTYPES.get(record.dtype, torch.float32))),
-                         "new_tokens": new_tokens, "layers": [hop.layers.start, hop.layers.end]},
-                        swarm.config.step_timeout,
-                    )
+                    request = Forward(x.to(TORCH_DTYPES.get(record.dtype, torch.float32)), list(new_tokens),
+                                      (hop.layers.start, hop.layers.end))
+                    reply = await stream.request(request.to_wire(), swarm.config.step_timeout)
                 finally:
                     await stream.close()
             except Exception as e:
@@ -54,7 +51,7 @@ async def forward_through_swarm(
                 logger.warning("forward through %s failed (%s); rerouting", hop.peer_id, e)
                 swarm.ban(hop.peer_id)
                 break
-            x = m.require_tensor(reply, "hidden", swarm.limits, ndim=2).to(torch.float32)
+            x = Result.from_wire(reply, swarm.limits).hidden.to(torch.float32)
             position = hop.layers.end
             if used is not None:
                 used.append(hop.peer_id)

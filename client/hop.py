@@ -21,12 +21,14 @@ from collections.abc import Awaitable, Callable
 import torch
 
 from swarm import messages as m
-from swarm.codec import encode_tensor
+from swarm.codec import DTYPES
 from swarm.connection import PeerStream
 from swarm.errors import ConnectionClosed, ProtocolError, RemoteError
+from swarm.schema import Close, Open, Opened, Result, Step, Truncate, parse_reply
 from swarm.types import LayerRange, PeerRecord
 
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Activation dtypes a peer may announce, from the one wire dtype table.
+TORCH_DTYPES = {name: dtype for name, (dtype, _) in DTYPES.items() if dtype.is_floating_point}
 
 
 def split_rows(hidden: torch.Tensor, new_tokens: list[int]) -> list[torch.Tensor]:
@@ -65,14 +67,14 @@ class HopSession:
     ) -> None:
         """`upstream`: the peer of the hop before this one, the only one allowed to push into it."""
         self.stream = await open_stream(self.peer_id)
-        msg = {"type": m.OPEN, "session_id": self.session_id, "max_length": self.max_length,
-               "batch": self.batch, "layers": [self.layers.start, self.layers.end]}
-        if upstream is not None:
-            msg.update(push_from=upstream, push_token=self.push_token)
-        reply = await self.stream.request(msg, timeout)
+        request = Open(self.max_length, self.session_id, self.batch, (self.layers.start, self.layers.end),
+                       push_from=upstream, push_token=self.push_token if upstream is not None else None)
+        reply = await self.stream.request(request.to_wire(), timeout)
         self.upstream = upstream
-        if reply.get("type") != m.OPENED:
-            raise RemoteError("bad_reply", f"expected 'opened', got {reply.get('type')!r}", True, self.peer_id)
+        try:
+            parse_reply(reply, self.stream.limits, Opened)
+        except ProtocolError as e:
+            raise RemoteError("bad_reply", e.message, True, self.peer_id) from e
 
     async def send_step(
         self,
@@ -89,17 +91,15 @@ class HopSession:
         `upstream`: the peer of the hop before this one now; a change (failover) re-binds pushes.
         """
         stream = self._stream()
-        msg = {"type": m.STEP, "step_id": step_id, "hidden": encode_tensor(hidden.to(self.wire_dtype)),
-               "new_tokens": new_tokens, "positions": list(self.lengths)}
-        if token_ids is not None:
-            msg["token_ids"] = [list(map(int, ids)) for ids in token_ids]
-        if chain:
-            msg["next"] = [list(hop) for hop in chain]
-        if upstream is not None and upstream != self.upstream:
-            msg.update(push_from=upstream, push_token=self.push_token)
+        rebind = upstream is not None and upstream != self.upstream
+        step = Step(step_id, hidden.to(self.wire_dtype), list(new_tokens), list(self.lengths),
+                    token_ids=None if token_ids is None else [list(map(int, ids)) for ids in token_ids],
+                    next=tuple(tuple(hop) for hop in chain) or None,
+                    push_from=upstream if rebind else None, push_token=self.push_token if rebind else None)
+        if rebind:
             self.upstream = upstream
         self._expected = {step_id: (hidden.shape[0], hidden.shape[1])}  # one step in flight per hop
-        await stream.send(msg)
+        await stream.send(step.to_wire())
 
     async def recv_result(self, step_id: int, timeout: float) -> torch.Tensor:
         """The hidden states of step `step_id`, skipping leftovers of earlier steps."""
@@ -113,7 +113,7 @@ class HopSession:
                 raise
             if reply.get("type") == m.RESULT and reply.get("step_id") == step_id:
                 try:
-                    hidden = m.require_tensor(reply, "hidden", stream.limits, ndim=2)
+                    hidden = Result.from_wire(reply, stream.limits).hidden
                 except ProtocolError as e:  # a malformed result is the peer's failure, like a wrong one
                     raise RemoteError("bad_reply", f"result of step {step_id}: {e}", True, self.peer_id) from e
                 self._check_result(step_id, hidden)
@@ -167,7 +167,7 @@ class HopSession:
         return torch.cat(per_seq), [t.shape[0] for t in per_seq]
 
     async def truncate(self, length: int, timeout: float) -> None:
-        await self._stream().request({"type": m.TRUNCATE, "length": length}, timeout)
+        await self._stream().request(Truncate(length).to_wire(), timeout)
         self.cut_history(length)
 
     def cut_history(self, length: int) -> None:
@@ -185,7 +185,7 @@ class HopSession:
         stream, self.stream = self.stream, None
         try:
             if not stream.closed:
-                await stream.send({"type": m.CLOSE})
+                await stream.send(Close().to_wire())
         except Exception:
             pass  # the peer frees the session when the stream goes away anyway
         await stream.close()
