@@ -65,16 +65,20 @@ def test_a_result_of_the_wrong_shape_or_not_finite_is_a_hop_failure() -> None:
 
 # -- liars through real peers ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def liars(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalSwarm, dict[str, str]]]:
+def liars(tiny_model: Path, tiny_model_factory, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[tuple[LocalSwarm, dict[str, str]]]:
     """A quiet liar (noise of ~2.5% of each row) and a NaN liar, each serving everything in one hop
-    (the cheapest route), and two disjoint honest routes over the same layers in halves."""
+    (the cheapest route), two disjoint honest routes over the same layers in halves, and an
+    impostor serving other weights (another checkpoint of the same shapes) under the model's name."""
     swarm = new_test_swarm(tmp_path_factory.mktemp("liars"))
     try:
         swarm.start_dht()
-        names = ["quiet", "nan", "h02a", "h02b", "h24a", "h24b"]
+        names = ["quiet", "nan", "h02a", "h02b", "h24a", "h24b", "impostor"]
         starting = [swarm.start_peer(tiny_model, "0:4", "--faulty", "0.05", wait=False),
                     swarm.start_peer(tiny_model, "0:4", "--faulty", "inf", wait=False)]
         starting += [swarm.start_peer(tiny_model, r, wait=False) for r in ("0:2", "0:2", "2:4", "2:4")]
+        starting.append(swarm.start_peer(tiny_model_factory("tied"), "0:2", "--model-name", tiny_model.resolve().name,
+                                         wait=False))
         for process in starting:
             swarm.wait_online(process)
         yield swarm, {name: p.peer_id for name, p in zip(names, starting)}
@@ -138,3 +142,16 @@ def test_an_undecided_disagreement_is_never_used(tiny_model: Path, liars) -> Non
             with pytest.raises(SwarmError, match="disagreeing"):
                 model.generate(IDS, max_new_tokens=10, session=session)
             assert session.stats.inconclusive >= 1 and session.stats.caught == 0
+
+
+@pytest.mark.slow
+def test_a_peer_with_other_weights_under_the_models_name_is_never_used(tiny_model: Path, liars) -> None:
+    swarm, peers = liars
+    with DistributedModel.from_pretrained(tiny_model, swarm.initial_peers, config=ClientConfig(max_retries=1)) as model:
+        view = model.loop.run(model.swarm.view(fresh=True), timeout=30)
+        assert peers["impostor"] in view.records
+        assert fingerprint_outliers(view) == {peers["impostor"]}, "two honest 0:2 peers outvote the impostor"
+        # Set the others aside: only the impostor is left for layers 0:2, and it is never routed to.
+        model.swarm.distrusted.update({peers[n] for n in ("quiet", "nan", "h02a", "h02b")})
+        with pytest.raises(SwarmError, match="no peer serves layers 0-1"):
+            model.generate(IDS, max_new_tokens=2)
