@@ -44,6 +44,8 @@ async def probe_info(p2p: Any, peer_id: str, timeout: float, swarm_key: Any = No
     """Ask one peer for `info` over a fresh stream; never raises (a failure is a Probe too)."""
     from swarm.codec import Limits
     from swarm.connection import open_stream
+    from swarm.errors import ProtocolError
+    from swarm.schema import Info, InfoReply, parse_reply
 
     stream = None
     deadline = time.monotonic() + timeout  # one budget for dial + request: a refresh waits at most this
@@ -51,11 +53,14 @@ async def probe_info(p2p: Any, peer_id: str, timeout: float, swarm_key: Any = No
         stream = await asyncio.wait_for(open_stream(p2p, peer_id, Limits(), swarm_key=swarm_key), timeout)
         # Time only the request on an open stream: dialing is a one-off cost, not the link's RTT.
         start = time.perf_counter()
-        reply = await stream.request({"type": "info"}, max(0.01, deadline - time.monotonic()))
+        reply = await stream.request(Info().to_wire(), max(0.01, deadline - time.monotonic()))
         rtt = time.perf_counter() - start
-        if not isinstance(reply.get("record"), dict):
-            return Probe(peer_id, False, rtt, "info reply has no record", None, time.time())
-        return Probe(peer_id, True, rtt, None, reply, time.time())
+        try:
+            info = parse_reply(reply, stream.limits, InfoReply)
+        except ProtocolError as e:
+            return Probe(peer_id, False, rtt, f"bad info reply: {e.message}", None, time.time())
+        # record and stats are still untrusted: the state builder range-checks and sanitises them
+        return Probe(peer_id, True, rtt, None, {"record": info.record, "stats": info.stats}, time.time())
     except Exception as e:  # unreachable peers are the normal case for a monitor, not a crash
         return Probe(peer_id, False, None, describe(e), None, time.time())
     finally:
