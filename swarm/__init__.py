@@ -2,12 +2,13 @@
 
 Files and the concept each one owns:
   types.py       plain data: LayerRange, PeerState, PeerRecord, SwarmView, Hop, Route (no I/O, no torch)
-  errors.py      ProtocolError (+ FrameTooLarge), ConnectionClosed, RemoteError
-  framing.py     read_frame / write_frame: 4-byte big-endian length + payload over asyncio streams
-  codec.py       Limits, encode_message / decode_message (msgpack), encode_tensor / decode_tensor
+  errors.py      ProtocolError (+ FrameTooLarge, FrameTimeout), ConnectionClosed, RemoteError
+  framing.py     read_frame / write_frame: 4-byte big-endian length + payload; payload deadline, ByteBudget
+  codec.py       Limits (bytes, objects, depth, time, per remote), encode/decode_message, encode/decode_tensor
   messages.py    PROTOCOL_NAME, message type constants, ERROR_CODES, require_* field validators
   schema.py      the typed messages: one dataclass per message, from_wire (validated) / to_wire
   connection.py  PeerStream (send / recv / request / close), open_stream, serve_stream, stream_handler
+                 (per-remote stream cap and frame buffer), require_auth (small first frame)
   dht.py         SwarmNode: hivemind.DHT wrapper — announce, fetch_view, list_models, reports
   identity.py    the node's libp2p RSA key: identity files (mode checked), peer id of a public key
   records.py     signed records: owned subkeys, RSA signature + max-TTL validators, owner_of
