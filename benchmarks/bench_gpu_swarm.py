@@ -33,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_gpu import copy_bandwidth  # noqa: E402
 from client.local_swarm import LocalSwarm  # noqa: E402
 
 LLAMA2_7B = dict(
@@ -89,25 +90,6 @@ def write_checkpoint(path: Path) -> int:
             total += t.numel() * t.element_size() if "layers." in key else 0
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return total
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy, bytes read + written per second (TB/s), best of 3 x 20 copies."""
-    n = 1 << 30
-    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(20):
-            dst.copy_(src)
-        b.record()
-        b.synchronize()
-        best = min(best, a.elapsed_time(b) / 20)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * n * 2 / best / 1e9
 
 
 def prompt(seed: int) -> torch.Tensor:
