@@ -38,8 +38,8 @@ def swarm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     try:
         s.start_dht()
         starting = [
-            # One peer with the whole model (512 pages of 16 tokens; a client may hold 256).
-            s.start_peer(tiny_model, "0:4", "--max-chunk-tokens", "128", wait=False),
+            # One peer with the whole model (128 pages of 16 tokens; a client may hold 64).
+            s.start_peer(tiny_model, "0:4", "--cache-tokens", "2048", "--max-chunk-tokens", "64", wait=False),
             # A two-hop route under another name; its second hop allows 5 steps/s per client.
             s.start_peer(tiny_model, "0:2", "--model-name", PUSHY, wait=False),
             s.start_peer(tiny_model, "2:4", "--model-name", PUSHY, "--max-steps-per-second", "5", wait=False),
@@ -192,11 +192,11 @@ def test_push_chains_longer_than_the_route_bound_are_refused() -> None:
 async def test_one_clients_prefill_cannot_take_the_whole_pool(swarm: LocalSwarm, node, tiny_model: Path) -> None:
     peer = swarm.processes[1]
     hog, _ = await open_session(node, peer.peer_id, 8192)
-    await hog.send(step_msg(torch.randn(8000, H), 0, 0))  # 500 of 512 pages: over the client's half
+    await hog.send(step_msg(torch.randn(2000, H), 0, 0))  # 125 of 128 pages: over the client's half
     with pytest.raises(RemoteError) as refused:
         await result(hog)
     assert refused.value.code == "busy" and "quota" in refused.value.message
-    await hog.send(step_msg(torch.randn(4000, H), 0, 1))  # 250 pages: within its share
+    await hog.send(step_msg(torch.randn(1000, H), 0, 1))  # 63 pages: within its share
     await result(hog)
     prompt = torch.randint(3, 300, (1, 100), generator=torch.Generator().manual_seed(7))
     expected = reference_generate(tiny_model, prompt, 4)
@@ -211,14 +211,14 @@ async def test_one_clients_prefill_cannot_take_the_whole_pool(swarm: LocalSwarm,
 
 
 async def test_a_long_stateless_forward_does_not_freeze_decode_steps(swarm: LocalSwarm, node, tiny_model: Path) -> None:
-    peer = swarm.processes[1]  # --max-chunk-tokens 128: the forward runs in 32 chunks behind decodes
+    peer = swarm.processes[1]  # --max-chunk-tokens 64: the forward runs in 13 chunks behind decodes
     decoder, _ = await open_session(node, peer.peer_id, 256)
     await decoder.send(step_msg(torch.randn(4, H), 0, 0))
     await result(decoder)
     scorer = await open_stream(node, peer.peer_id, Limits())
-    x = torch.randn(4000, H)
+    x = torch.randn(800, H)  # 50 pages: with the decoder's 7, within this client's 64
     forward = asyncio.ensure_future(scorer.request(
-        {"type": m.FORWARD, "hidden": encode_tensor(x), "new_tokens": [4000]}, timeout=120))
+        {"type": m.FORWARD, "hidden": encode_tensor(x), "new_tokens": [800]}, timeout=120))
     await asyncio.sleep(0.05)  # the forward is queued or running
     during = 0
     for i in range(100):  # bounded; each decode step must not wait for the whole forward
@@ -228,7 +228,7 @@ async def test_a_long_stateless_forward_does_not_freeze_decode_steps(swarm: Loca
             break
         during += 1
     got = m.require_tensor(await forward, "hidden", Limits(), ndim=2)
-    want = Shard.from_pretrained(tiny_model, 0, 4).forward(x, BatchLayout([4000], [0], None, 16), None)
+    want = Shard.from_pretrained(tiny_model, 0, 4).forward(x, BatchLayout([800], [0], None, 16), None)
     assert (got - want).abs().max() < 1e-3, "the chunked forward equals one stateless pass"
     assert during >= 2, "decode steps waited for the whole forward"
     await scorer.close()
