@@ -187,8 +187,14 @@ def _window_fields(hf: Any) -> dict[str, Any]:
     if not window or getattr(hf, "use_sliding_window", True) is False:
         return {}
     types = getattr(hf, "layer_types", None)
-    if types is None:
-        types = [SLIDING] * hf.num_hidden_layers  # mistral, mixtral, phi3: every layer slides
+    n = hf.num_hidden_layers
+    if types is None and hf.model_type == "gemma2":  # transformers 4.x: even layers slide
+        types = [SLIDING if i % 2 == 0 else FULL for i in range(n)]
+    elif types is None and hf.model_type == "gemma3_text":  # transformers 4.x: every `pattern`-th layer is global
+        pattern = int(getattr(hf, "sliding_window_pattern", 6))
+        types = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)]
+    elif types is None:
+        types = [SLIDING] * n  # mistral, mixtral, phi3: every layer slides
     return {"sliding_window": int(window), "layer_types": tuple(types)}
 
 
