@@ -73,10 +73,13 @@ class SwarmNode:
         others. `relayed`: nobody can dial us (swarm/reachability.py found out): join as a DHT client
         and reserve a slot on a relay (by default the initial peers) through which others reach us."""
         self.swarm_key = swarm_key  # private swarm: keys derived, values sealed (see swarm/auth.py)
+        initial_peers = list(initial_peers)
         kwargs: dict[str, Any] = {"use_relay": use_relay or relayed}
         if relayed:
             # Forced "private": libp2p's AutoNAT needs several peers to decide, autorelay waits for it.
-            kwargs.update(use_auto_relay=True, force_reachability="private")
+            # Relays to reserve a slot on: the initial peers, offered at once (else p2pd finds them
+            # through the DHT a minute later). libp2p still waits for more candidates or ~3 min.
+            kwargs.update(use_auto_relay=True, force_reachability="private", trusted_relays=list(initial_peers))
             client_mode = True
         if announce_maddrs:
             kwargs["announce_maddrs"] = list(announce_maddrs)
