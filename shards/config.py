@@ -193,6 +193,8 @@ def _window_fields(hf: Any) -> dict[str, Any]:
     elif types is None and hf.model_type == "gemma3_text":  # transformers 4.x: every `pattern`-th layer is global
         pattern = int(getattr(hf, "sliding_window_pattern", 6))
         types = [FULL if (i + 1) % pattern == 0 else SLIDING for i in range(n)]
+    elif types is None and hasattr(hf, "max_window_layers"):  # qwen2/3 on transformers 4.x
+        types = [SLIDING if i >= hf.max_window_layers else FULL for i in range(n)]
     elif types is None:
         types = [SLIDING] * n  # mistral, mixtral, phi3: every layer slides
     return {"sliding_window": int(window), "layer_types": tuple(types)}
