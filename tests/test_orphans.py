@@ -71,12 +71,14 @@ def test_kill_9_of_swarm_peer_dht_leaves_nothing(tmp_path) -> None:
     _run_and_kill(["peer.cli", "dht"], tmp_path)
 
 
+@pytest.mark.slow
 def test_kill_9_of_swarm_peer_serve_leaves_nothing(local_swarm, tiny_model) -> None:
     local_swarm.start_dht()
     peer = local_swarm.start_peer(tiny_model, "0:2")
     _kill_and_check(peer.pid, peer.descendants())
 
 
+@pytest.mark.slow
 def test_kill_9_of_swarm_monitor_leaves_nothing(swarm_node_factory, tmp_path) -> None:
     bootstrap = swarm_node_factory()
     _run_and_kill(["client.monitor.cli", "--initial-peers", bootstrap.visible_maddrs()[0], "--port", "0"], tmp_path)
