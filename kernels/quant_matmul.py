@@ -134,8 +134,12 @@ def int4_linear(
     mins: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x (..., K) -> (..., N) with the int4 weight of `quantize_int4`."""
-    if not (triton_ok(x) and x.dtype in (torch.bfloat16, torch.float16)):
+    """x (..., K) -> (..., N) with the int4 weight of `quantize_int4`.
+
+    Group 32 has no Triton kernel (a nibble block of 8 columns is below the tensor cores' 16):
+    it dequantizes and calls F.linear, correct everywhere but slow on a GPU."""
+    group_size = 2 * qweight.shape[1] // scales.shape[0]
+    if group_size < 64 or not (triton_ok(x) and x.dtype in (torch.bfloat16, torch.float16)):
         return F.linear(x, dequantize_int4(qweight, scales, mins, x.shape[-1]).to(x.dtype), bias)
     return _launch(x, qweight, bias, "int4", scales=scales, mins=mins)
 

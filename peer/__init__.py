@@ -14,5 +14,6 @@
 - `push.py`: server-to-server push of a session's output to the next hop.
 - `view.py`: the `view` request: the records this peer sees for a model (bounded, cached DHT reads).
 - `drain.py`: graceful departure: after announcing DRAINING, wait until other peers cover our layers.
-- `cli.py`: the `swarm-peer` command (`dht`, `serve`, `keygen`, `generate`).
+- `cli.py`: the `swarm-peer` command (`dht`, `serve`, `keygen`, `generate`, `quantize`).
+- `quantize_cli.py`: `swarm-peer quantize` (GPTQ int4 / int8 checkpoint writer) and serve's check of it.
 """

@@ -15,6 +15,9 @@ File map:
     moe.py         MoEBlock: DecoderBlock whose MLP is a router + top-k experts (Mixtral, Qwen3-MoE)
     families.py    block_class(config, layer): which block serves a layer
     shard.py       Shard: layers [start, end) loaded and run over a BatchLayout
+    quant.py       QuantLinear (int8 / int4 weights), quantize_shard (round to nearest), memory_plan
+    calibrate.py   GPTQ: int4 calibrated on a text, layer by layer
+    quant_checkpoint.py  quantized checkpoints (`swarm-peer quantize`'s output; loaded by Shard.from_pretrained)
     head.py        ModelHead: embeddings (+ scale), final norm, LM head (+ soft-capping): what the client holds
     demo_model.py  prepare_demo_model(): SmolLM2-135M-Instruct from its GGUF, as safetensors
     resolve.py     a local folder or a Hub repo id -> local files (HF cache; only the files a peer's

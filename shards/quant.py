@@ -21,6 +21,7 @@ from shards.kv_cache import KVCache
 
 QUANT_MODES = ("none", "int8", "int4")
 LINEAR_NAMES = ("wqkv", "wo", "w_gate_up", "w_down")
+INT4_GROUP_SIZES = (32, 64, 128)  # 32 has no fast GPU kernel yet (see kernels.quant_matmul.int4_linear)
 QUANT_TENSORS = {"int8": ("qweight", "scale"), "int4": ("qweight", "scales", "mins")}
 
 
@@ -94,8 +95,8 @@ def quantize_shard(shard: nn.Module, mode: str, group_size: int = 128) -> None:
     """Quantize every block of `shard` in place. mode: 'none' (no-op), 'int8' or 'int4'."""
     if mode not in QUANT_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose from {', '.join(QUANT_MODES)}")
-    if mode == "int4" and group_size not in (64, 128):
-        raise ValueError(f"int4 group size must be 64 or 128, not {group_size}")
+    if mode == "int4" and group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"int4 group size must be 32, 64 or 128, not {group_size}")
     if mode == "none":
         return
     for block in shard.blocks:

@@ -25,7 +25,7 @@ from torch import nn
 
 from shards.config import ModelConfig
 from shards.errors import CheckpointError
-from shards.quant import LINEAR_NAMES, QUANT_TENSORS, QuantLinear
+from shards.quant import INT4_GROUP_SIZES, LINEAR_NAMES, QUANT_TENSORS, QuantLinear
 
 FORMAT_FILE = "quantization.json"
 FORMAT_NAME = "layerswarm-quant"
@@ -59,7 +59,7 @@ def read_quant_format(folder: str | Path) -> QuantFormat | None:
                           linears=dict(raw["linears"]), calibration=dict(raw.get("calibration", {})))
         if set(fmt.linears) != set(LINEAR_NAMES) or not set(fmt.linears.values()) <= {"int8", "int4"}:
             raise ValueError(f"linears must map {', '.join(LINEAR_NAMES)} to int8 or int4")
-        if fmt.quant not in fmt.linears.values() or fmt.group_size not in (64, 128):
+        if fmt.quant not in fmt.linears.values() or fmt.group_size not in INT4_GROUP_SIZES:
             raise ValueError(f"quant {fmt.quant!r} / group_size {fmt.group_size} do not match the linears")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointError(f"{file}: unreadable quantization description ({e}); re-run swarm-peer quantize") from None
