@@ -33,9 +33,10 @@ def two_peers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     swarm = new_test_swarm(tmp_path_factory.mktemp("two-peers"))
     try:
         swarm.start_dht()
-        # Small cache (8 pages of 4 tokens) so the pool-exhaustion case is cheap to reach.
+        # Small cache (8 pages of 4 tokens) so the pool-exhaustion case is cheap to reach; no per-client
+        # quota, since that case fills the pool from one client.
         swarm.start_peer(tiny_model, "0:2", "--cache-tokens", "32", "--page-size", "4",
-                         "--alloc-timeout", "0.5", "--max-length", "64")
+                         "--alloc-timeout", "0.5", "--max-length", "64", "--max-client-pages-fraction", "1")
         swarm.start_peer(tiny_model, "2:4")
         yield swarm
     finally:

@@ -32,7 +32,9 @@ def engine_swarm(tiny_model_factory, tmp_path_factory: pytest.TempPathFactory) -
         swarm.start_dht()
         swarm.start_peer(model, "0:6", "--batch-window", "0.005")
         # A tiny pool (16 pages of 4 tokens) under another model name, so clients never route to it.
+        # No per-client page quota: this test fills the whole pool from one client on purpose.
         swarm.start_peer(model, "0:6", "--model-name", "small-pool", "--cache-tokens", "64", "--page-size", "4",
+                         "--max-client-pages-fraction", "1",
                          "--alloc-timeout", "1.5")
         yield model, swarm
     finally:
