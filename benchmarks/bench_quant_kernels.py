@@ -229,11 +229,22 @@ def main() -> None:
         raise SystemExit("needs a CUDA GPU")
     bw = copy_tbs()
     print(f"{torch.cuda.get_device_name()}: copy {bw:.2f} TB/s (read + write); torch {torch.__version__}")
-    rows: list[dict] = []
+    out_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "copy_tb_s": round(bw, 3), "layers": args.layers, "rows": []}
+    try:
+        import triton
+
+        result["triton"] = triton.__version__
+    except ImportError:
+        pass
+    rows: list[dict] = result["rows"]
     for name, build in IMPLS.items():
         if args.only and not any(s.strip() in name for s in args.only.split(",")):
             continue
         rows += bench_impl(name, build, args.layers, args.iters, bw)
+        (out_dir / "bench_quant_kernels.json").write_text(json.dumps(result, indent=1))  # partial results survive
     print(f"\n{'implementation':<30} " + " ".join(f"{'B=' + str(b):>10}" for b in BATCHES) + "   max rel err")
     for name in IMPLS:
         got = {r["batch"]: r for r in rows if r["impl"] == name and "ms" in r}
@@ -241,16 +252,6 @@ def main() -> None:
             err = max(r["max_rel_err"] for r in got.values())
             print(f"{name:<30} " + " ".join(f"{got[b]['ms']:>7.3f} ms" if b in got else f"{'-':>10}" for b in BATCHES)
                   + f"   {err:.2e}")
-    out_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "copy_tb_s": round(bw, 3), "layers": args.layers, "rows": rows}
-    try:
-        import triton
-
-        result["triton"] = triton.__version__
-    except ImportError:
-        pass
     (out_dir / "bench_quant_kernels.json").write_text(json.dumps(result, indent=1))
     print(f"wrote {out_dir / 'bench_quant_kernels.json'}")
 
