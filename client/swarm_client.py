@@ -14,11 +14,11 @@ from typing import Any
 from client.config import ClientConfig
 from client.loop import LoopThread
 from routing import BanList, NoRouteError, RouteCosts, choose_route
-from swarm import messages as m
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
 from swarm.connection import PeerStream, open_stream
 from swarm.dht import SwarmNode
+from swarm.schema import Info, InfoReply, parse_reply
 from swarm.types import Route, SwarmView
 
 logger = logging.getLogger(__name__)
@@ -87,9 +87,11 @@ class SwarmClient:
         """A peer's `info` reply: its live record and its serving counters."""
         stream = await self.open_stream(peer_id)
         try:
-            return await stream.request({"type": m.INFO}, self.config.step_timeout)
+            reply = await stream.request(Info().to_wire(), self.config.step_timeout)
         finally:
             await stream.close()
+        parse_reply(reply, self.limits, InfoReply)  # a record map and a stats map, or ProtocolError
+        return reply
 
     async def distrust(self, peer_id: str, reason: str) -> None:
         """Never use `peer_id` again in this client, and report it on the DHT for the monitor."""
