@@ -371,7 +371,10 @@ def serve(
             if not config.initial_peers:
                 for addr in server.visible_maddrs():
                     say(addr)
-            logger.info("%s", join_advice(server.visible_maddrs()))
+            if server.config.relayed:  # our own addresses are private: nobody could use them
+                logger.info("others join with the --initial-peers line of a directly reachable member")
+            else:
+                logger.info("%s", join_advice(server.visible_maddrs()))
             say(f"online {server.peer_id} {server.layers}")
             await stop.wait()
             if drain_timeout > 0:
