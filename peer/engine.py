@@ -34,7 +34,7 @@ from swarm.types import LayerRange
 
 logger = logging.getLogger(__name__)
 
-THROUGHPUT_CONTEXT = 32  # tokens of context for the start-up measurement: decode cost is mostly weights
+THROUGHPUT_CONTEXT = 32  # tokens of context for the start-up measurement
 
 
 class ServingEngine:
@@ -124,18 +124,19 @@ class ServingEngine:
         and `run_batch`, so a CUDA peer announces its graph speed, not its eager speed.
         """
         ps = self.page_size
-        pages = -(-(THROUGHPUT_CONTEXT + steps + 1) // ps)
-        if pages > self.cache.num_pages:
+        # A short context (shorter still in a tiny pool): decode cost is mostly the weights.
+        context = min(THROUGHPUT_CONTEXT, self.cache.num_pages * ps - steps - 1)
+        if context < 1:
             return 0.0  # a pool too small to measure in; routing treats 0 as unknown
-        table = list(range(pages))
+        table = list(range(-(-(context + steps + 1) // ps)))
         span = (self.layers.start, self.layers.end)
         hidden = self.shard.config.hidden_size
-        prompt = torch.randn(THROUGHPUT_CONTEXT, hidden, dtype=self.shard.dtype)  # (T, H)
-        self.run_batch(prompt, BatchLayout([THROUGHPUT_CONTEXT], [0], [table], ps), span, True)
+        prompt = torch.randn(context, hidden, dtype=self.shard.dtype)  # (T, H)
+        self.run_batch(prompt, BatchLayout([context], [0], [table], ps), span, True)
         timings = []
         for i in range(steps):
             token = torch.randn(1, hidden, dtype=self.shard.dtype)  # (1, H)
-            layout = BatchLayout.decode([THROUGHPUT_CONTEXT + i], [table], ps)
+            layout = BatchLayout.decode([context + i], [table], ps)
             started = time.perf_counter()
             self.run_batch(token, layout, span, True)  # returns on the host: includes the device sync
             timings.append(time.perf_counter() - started)

@@ -46,5 +46,7 @@ def test_throughput_is_measured_on_the_serving_path(tiny_model) -> None:
     engine = ServingEngine(Shard.from_pretrained(tiny_model, 0, 4), num_pages=16, page_size=4, max_length=64)
     assert engine.measure_throughput() > 0
     assert not engine.steps  # the measurement is not counted as served batches
+    tiny_pool = ServingEngine(Shard.from_pretrained(tiny_model, 0, 4), num_pages=4, page_size=4, max_length=16)
+    assert tiny_pool.measure_throughput() > 0  # a shorter context that fits the pool
     too_small = ServingEngine(Shard.from_pretrained(tiny_model, 0, 4), num_pages=2, page_size=4, max_length=8)
     assert too_small.measure_throughput() == 0.0
