@@ -33,6 +33,7 @@ def quantize(
     calibration: Annotated[Path | None, typer.Option(help=f"Plain-text file to calibrate int4 on: a few KB of text like the model will see. Default: {DEFAULT_CALIBRATION}.")] = None,
     calibration_tokens: Annotated[int, typer.Option(help="Tokens of the calibration text to use (more: slower, slightly better).")] = 2048,
     seq_len: Annotated[int, typer.Option(help="Calibration sequence length (the text is cut into sequences of this many tokens).")] = 512,
+    int8: Annotated[str, typer.Option("--int8", help="Mixed mode: these fused linears (comma-separated from wqkv, wo, w_gate_up, w_down) in int8 instead of int4, e.g. wqkv,wo,w_down.")] = "",
     rtn: Annotated[bool, typer.Option("--rtn", help="int4 without calibration (round to nearest): fast, much less accurate.")] = False,
     device: Annotated[str, typer.Option(help="cpu or cuda (cuda:N): where calibration runs.")] = "cpu",
     num_threads: Annotated[int, typer.Option(help="Torch CPU threads (0: torch's default).")] = 0,
@@ -50,6 +51,11 @@ def quantize(
         raise typer.BadParameter(f"{out} exists and is not empty; remove it or choose another folder", param_hint="--out")
     if calibration_tokens < seq_len or seq_len < 16:
         raise typer.BadParameter(f"need --calibration-tokens >= --seq-len >= 16 (got {calibration_tokens}, {seq_len})")
+    int8_linears = tuple(n for n in int8.replace(" ", "").split(",") if n)
+    if not set(int8_linears) <= {"wqkv", "wo", "w_gate_up", "w_down"} or (int8_linears and quant != "int4"):
+        raise typer.BadParameter("names from wqkv, wo, w_gate_up, w_down, with --quant int4", param_hint="--int8")
+    if len(set(int8_linears)) == 4:
+        raise typer.BadParameter("every linear in int8 is --quant int8", param_hint="--int8")
     calibrated = quant == "int4" and not rtn
     text_file = calibration or DEFAULT_CALIBRATION
     if calibrated and not text_file.is_file():
@@ -63,7 +69,7 @@ def quantize(
 
     try:
         write_quantized(model, out, quant, group_size, text_file if calibrated else None, calibration_tokens,
-                        seq_len, device)
+                        seq_len, device, int8_linears)
     except (CheckpointError, ValueError) as e:
         shutil.rmtree(out, ignore_errors=True)
         raise typer.BadParameter(" ".join(str(e).split()), param_hint="--model") from None
@@ -71,7 +77,7 @@ def quantize(
 
 
 def write_quantized(model: Path, out: Path, quant: str, group_size: int, text_file: Path | None,
-                    calibration_tokens: int, seq_len: int, device: str) -> None:
+                    calibration_tokens: int, seq_len: int, device: str, int8: tuple[str, ...] = ()) -> None:
     """The work of `quantize` (no option checks): one layer at a time, then one safetensors file."""
     import torch
     from safetensors.torch import save_file
@@ -83,7 +89,7 @@ def write_quantized(model: Path, out: Path, quant: str, group_size: int, text_fi
     from shards.families import block_class
     from shards.head import ModelHead
     from shards.loading import load_tensors, tensor_files
-    from shards.quant import LINEAR_NAMES, quantize_shard
+    from shards.quant import LINEAR_NAMES, QuantLinear
     from shards.quant_checkpoint import FORMAT_FILE, QuantFormat, block_tensors, read_quant_format
     from shards.shard import Shard
 
@@ -113,9 +119,11 @@ def write_quantized(model: Path, out: Path, quant: str, group_size: int, text_fi
     for layer in tqdm(range(config.num_layers), desc=f"quantizing to {quant}", unit="layer"):
         shard = Shard.from_pretrained(model, layer, layer + 1, device=device)
         if hidden is not None:
-            hidden = calibrate_layer(shard, layer, hidden, layout, group_size)
+            hidden = calibrate_layer(shard, layer, hidden, layout, group_size, int8)
         else:
-            quantize_shard(shard, quant, group_size)
+            for name in LINEAR_NAMES:
+                lin = getattr(shard.blocks[0], name)
+                setattr(shard.blocks[0], name, QuantLinear.from_linear(lin, "int8" if name in int8 else quant, group_size))
         tensors.update({k: v.cpu() for k, v in block_tensors(shard.blocks[0], layer).items()})
         del shard
     files = tensor_files(model)
@@ -127,7 +135,7 @@ def write_quantized(model: Path, out: Path, quant: str, group_size: int, text_fi
             shutil.copy2(f, out / f.name)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     fmt = QuantFormat(quant=quant, group_size=group_size, method="gptq" if hidden is not None else "rtn",
-                      linears=dict.fromkeys(LINEAR_NAMES, quant), calibration=calib_info)
+                      linears={n: "int8" if n in int8 else quant for n in LINEAR_NAMES}, calibration=calib_info)
     (out / FORMAT_FILE).write_text(fmt.to_json())
     logger.info("wrote %s (%.0f MiB) in %.0f s", out, sum(t.numel() * t.element_size() for t in tensors.values()) / 2**20,
                 time.time() - t0)

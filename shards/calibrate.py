@@ -19,7 +19,7 @@ and returns the hidden states for the next; `calibrate_shard` runs every layer o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 from torch import nn
@@ -92,9 +92,10 @@ def calibration_batch(head: ModelHead, ids: torch.Tensor, seq_len: int) -> tuple
 
 @torch.no_grad()
 def calibrate_layer(shard: nn.Module, layer: int, hidden: torch.Tensor, layout: BatchLayout,
-                    group_size: int = 128) -> torch.Tensor:
-    """GPTQ-quantize the four linears of absolute `layer` of `shard` in place (int4) and return
-    the layer's output on `hidden` with the quantized weights (the next layer's input)."""
+                    group_size: int = 128, int8: Collection[str] = ()) -> torch.Tensor:
+    """GPTQ-quantize the four linears of absolute `layer` of `shard` in place (int4; the ones named
+    in `int8` to int8 per channel instead: the mixed mode) and return the layer's output on
+    `hidden` with the quantized weights (the next layer's input)."""
     block = shard.blocks[layer - shard.start]
     hessians: dict[str, torch.Tensor] = {}
 
@@ -114,6 +115,9 @@ def calibrate_layer(shard: nn.Module, layer: int, hidden: torch.Tensor, layout: 
         lin = getattr(block, name)
         if not isinstance(lin, nn.Linear):
             raise ValueError(f"layer {layer} {name} is already quantized")
+        if name in int8:
+            setattr(block, name, QuantLinear.from_linear(lin, "int8"))
+            continue
         q, s, m = gptq_int4(lin.weight, hessians.pop(name), group_size)
         bias = lin.bias.detach() if lin.bias is not None else None
         setattr(block, name, QuantLinear.from_int4(q, s, m, lin.in_features, bias, group_size))
@@ -121,10 +125,11 @@ def calibrate_layer(shard: nn.Module, layer: int, hidden: torch.Tensor, layout: 
 
 
 def calibrate_shard(shard: nn.Module, hidden: torch.Tensor, layout: BatchLayout, group_size: int = 128,
-                    progress: Callable[[int], None] | None = None) -> None:
-    """Quantize every layer of `shard` in order (int4, GPTQ); `progress(layer)` after each."""
+                    progress: Callable[[int], None] | None = None, int8: Collection[str] = ()) -> None:
+    """Quantize every layer of `shard` in order (int4, GPTQ; `int8` linears to int8);
+    `progress(layer)` after each."""
     for layer in range(shard.start, shard.end):
-        hidden = calibrate_layer(shard, layer, hidden, layout, group_size)
+        hidden = calibrate_layer(shard, layer, hidden, layout, group_size, int8)
         if progress is not None:
             progress(layer)
     shard.quant = "int4"

@@ -58,6 +58,15 @@ def test_calibrated_shard_closer_than_round_to_nearest() -> None:
     assert rel_err(gptq(h, lay, None), want) < rel_err(rtn(h, lay, None), want)
 
 
+def test_mixed_mode_keeps_named_linears_int8() -> None:
+    cfg = tiny_config(2)
+    shard = random_shard(cfg, torch.float32, "cpu", seed=6)
+    calib = torch.randn(2 * 32, cfg.hidden_size)
+    calibrate_shard(shard, calib, BatchLayout([32, 32], [0, 0], None), 64, int8=("wqkv", "w_down"))
+    modes = {n: getattr(shard.blocks[1], n).mode for n in ("wqkv", "wo", "w_gate_up", "w_down")}
+    assert modes == {"wqkv": "int8", "wo": "int4", "w_gate_up": "int4", "w_down": "int8"}
+
+
 def _word_tokenizer(model: Path, text: str, vocab_size: int) -> None:
     """Give a tiny checkpoint a whitespace word-level tokenizer (its own vocab is only ids)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
