@@ -47,25 +47,26 @@ def gptq_int4(
     W[:, dead] = 0.0
     hinv = _inverse_hessian_factor(H, damp)  # (K, K) upper Cholesky factor of H^-1
     ng = -(-K // G)
-    Q = torch.zeros(N, ng * G, dtype=torch.uint8, device=W.device)
     S = torch.empty(N, ng, dtype=torch.bfloat16, device=W.device)
     M = torch.empty(N, ng, dtype=torch.bfloat16, device=W.device)
+    Qt = torch.zeros(ng * G, N, dtype=torch.uint8, device=W.device)  # columns as rows: contiguous updates
     for g in range(ng):
         i1, i2 = g * G, min(K, g * G + G)
-        W1 = W[:, i1:i2].clone()  # (N, width): this group, with the error of earlier groups folded in
+        W1 = W[:, i1:i2].t().contiguous()  # (width, N): this group, with the error of earlier groups folded in
         h1 = hinv[i1:i2, i1:i2]
         err1 = torch.zeros_like(W1)
-        s, m = int4_group_params(W1[:, None, :])  # (N, 1) bf16 each
+        s, m = int4_group_params(W1.t()[:, None, :])  # (N, 1) bf16 each
         S[:, g], M[:, g] = s[:, 0], m[:, 0]
         s32, m32 = s[:, 0].float(), m[:, 0].float()
         for i in range(i2 - i1):
-            col = W1[:, i]
-            q = int4_round(col, s32, m32)  # (N,)
-            Q[:, i1 + i] = q
+            col = W1[i]  # (N,)
+            q = int4_round(col, s32, m32)
+            Qt[i1 + i] = q
             e = (col - (q.float() * s32 + m32)) / h1[i, i]  # (N,)
-            W1[:, i:] -= e[:, None] * h1[i, i:][None, :]
-            err1[:, i] = e
-        W[:, i2:] -= err1 @ hinv[i1:i2, i2:]  # the group's error, spread over the later columns
+            W1[i:] -= h1[i, i:, None] * e[None, :]
+            err1[i] = e
+        W[:, i2:] -= err1.t() @ hinv[i1:i2, i2:]  # the group's error, spread over the later columns
+    Q = Qt.t().contiguous()
     return pack_int4(Q, G), S.t().contiguous(), M.t().contiguous()
 
 
