@@ -305,7 +305,8 @@ def serve(
         raise typer.BadParameter("must be in (0, 1]", param_hint="--max-client-pages-fraction")
     addresses = check_addresses(initial_peers, host_maddrs, announce_maddrs, public_ip, port)
     check_device(device)
-    source = resolve_checked(model, revision, layer_range, num_layers, weights=not dry_run)
+    # A fixed range's files are fetched now, before joining; a self-placing peer's once its range is chosen.
+    source = resolve_checked(model, revision, layer_range, num_layers, weights=not dry_run and layer_range is not None)
     quant, quant_group_size = checkpoint_quant(source.path, quant, quant_group_size)  # a quantized --model fixes them
     config = PeerConfig(
         model_path=source.path,
@@ -314,6 +315,8 @@ def serve(
         balance_period=balance_period,
         balance_quality=balance_quality,
         model_name=model_name or source.default_name,
+        model_repo=source.repo_id,
+        revision=revision,
         initial_peers=tuple(initial_peers or ()),
         host_maddrs=addresses.host,
         announce_maddrs=addresses.announce,

@@ -47,6 +47,10 @@ class PeerConfig:
     layers: LayerRange | None  # None: the peer chooses (num_layers, or as many as fit) and may move
     model_name: str
     num_layers: int | None = None
+    # A Hub repo id when --model named one: the files of each range are fetched when the range is
+    # chosen (at start and on every move), so a self-placing peer downloads only its layers.
+    model_repo: str | None = None
+    revision: str | None = None
     initial_peers: tuple[str, ...] = ()
     host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
     announce_maddrs: tuple[str, ...] | None = None  # what others dial (None: the daemon's own guess)

@@ -33,6 +33,7 @@ from shards.batch import BatchLayout
 from shards.config import ModelConfig
 from shards.kv_cache import KVCache
 from shards.paging import PagePool
+from shards.resolve import resolve_for_peer
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
 from swarm.connection import stream_handler
@@ -137,6 +138,8 @@ class PeerServer:
                     cfg.quant)
 
         def build() -> tuple[ServingEngine, float]:
+            if cfg.model_repo is not None:  # fetch this range's weight files (cached ones are not fetched again)
+                resolve_for_peer(cfg.model_repo, cfg.revision, (layers.start, layers.end))
             engine = ServingEngine.load(
                 str(cfg.model_path), layers, dtype=DTYPES[cfg.dtype], device=cfg.device, quant=cfg.quant,
                 quant_group_size=cfg.quant_group_size, num_pages=self.num_pages, page_size=cfg.page_size,

@@ -35,6 +35,13 @@ def test_swarm_from_a_hub_repo_id(tiny_model: Path, tmp_path: Path, monkeypatch:
             hub.requests.clear()
             swarm.start_peer(REPO, "2:4")  # type: ignore[arg-type]
             assert hub.downloaded(REPO) == files_of(range(2, 4))  # config and index come from the cache
+            # A self-placing peer (its own empty cache) fetches only the files of the range it chooses.
+            swarm.extra_env = dict(env, HF_HOME=str(tmp_path / "mover-home"))
+            hub.requests.clear()
+            mover = swarm.start_peer(REPO, None, "--num-layers", "2")  # type: ignore[arg-type]
+            start, end = map(int, next(line for line in mover.lines if line.startswith("online")).split()[2].split(":"))
+            assert end - start == 2
+            assert hub.downloaded(REPO) == {"config.json", "model.safetensors.index.json", *files_of(range(start, end))}
 
             monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
             monkeypatch.setenv("HF_HOME", str(tmp_path / "client-home"))
