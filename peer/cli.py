@@ -166,6 +166,7 @@ def dht(
     from swarm.reachability import DialBackService, join_advice
 
     key = load_swarm_key(swarm_key)
+    check_identity(identity)
     addresses = check_addresses(initial_peers, host_maddrs, announce_maddrs, public_ip, port)
 
     async def main(stop: asyncio.Event) -> None:
@@ -267,7 +268,7 @@ def serve(
     idle_timeout: Annotated[float, typer.Option(help="Seconds without a step before a session is closed.")] = 300.0,
     max_steps_per_second: Annotated[float, typer.Option(help="Steps (and forward passes) per second at most from one client, with bursts of twice that; 0: unlimited.")] = 2000.0,
     max_tensor_elements: Annotated[int, typer.Option(help="Elements at most in one received tensor (checked before anything is allocated).")] = 64 * 2**20,
-    max_frame_mb: Annotated[int, typer.Option(help="Largest frame accepted, in MiB.")] = 256,
+    max_frame_mb: Annotated[int, typer.Option(help="Largest frame accepted, in MiB (default: the largest allowed tensor plus the message's other fields).")] = ServingLimits().max_frame_bytes // 2**20,
     max_client_pages_fraction: Annotated[float, typer.Option(help="Share of the KV cache one client may hold at once (its sessions and forward passes together), so one long prompt cannot leave other clients 'busy'. 1: no per-client cap.")] = 0.5,
     share_prefix_across_clients: Annotated[bool, typer.Option("--share-prefix-across-clients", help="Let clients reuse each other's cached prompt prefixes. Only for private swarms whose members all trust each other: a client could plant wrong KV pages under another's prompt. Default: each client shares only with itself.")] = False,
     num_threads: Annotated[int, typer.Option(help="Torch CPU threads (0: torch's default).")] = 0,
@@ -291,6 +292,9 @@ def serve(
     if not 0 < balance_quality <= 1:
         raise typer.BadParameter("must be in (0, 1]", param_hint="--balance-quality")
     load_swarm_key(swarm_key)  # a bad key file is reported now, not after loading weights
+    check_identity(identity)
+    if not 0 < announce_ttl <= 3600:  # the DHT refuses records that claim to live longer than an hour
+        raise typer.BadParameter("must be in (0, 3600] seconds", param_hint="--announce-ttl")
     if quant not in ("none", "int8", "int4"):
         raise typer.BadParameter(f"{quant!r}: choose none, int8 or int4", param_hint="--quant")
     if quant_group_size not in (32, 64, 128):
@@ -489,6 +493,19 @@ def print_plan(config: PeerConfig) -> None:
     count = len(config.layers) if config.layers else (config.num_layers or model_config.num_layers)
     say(describe_plan(model_config, count, DTYPES[config.dtype], config.device, config.cache_tokens,
                       config.quant_group_size))
+
+
+def check_identity(path: Path | None) -> None:
+    """Create the identity file if missing, refuse an unusable one: one line now, not a traceback later."""
+    from swarm.identity import IdentityError, ensure_identity, load_identity
+
+    if path is None:
+        return
+    try:
+        ensure_identity(str(path))
+        load_identity(str(path))
+    except IdentityError as e:
+        raise typer.BadParameter(str(e), param_hint="--identity") from None
 
 
 def load_swarm_key(path: Path | None):

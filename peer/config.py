@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from swarm.codec import Limits
 from swarm.types import LayerRange
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -16,7 +17,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class ServingLimits:
     """Per-peer protection against greedy or hostile clients; each is a `swarm-peer serve` option."""
 
-    max_frame_bytes: int = 256 * 2**20  # one frame; a 2048-token prefill of a 8192-wide model is 64 MiB
+    max_frame_bytes: int = Limits().max_frame_bytes  # the largest tensor allowed plus the message's other fields
     max_tensor_elements: int = 64 * 2**20
     max_sessions: int = 256
     max_sessions_per_remote: int = 64

@@ -95,6 +95,19 @@ def test_bad_command_lines_in_a_real_process(tiny_model: Path) -> None:
         assert_one_line_error(proc, *expected)
 
 
+def test_identity_readable_by_others_and_too_long_a_ttl(tiny_model: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    key = tmp_path / "peer.key"
+    serve = ["serve", "--model", str(tiny_model), "--layers", "0:2"]
+    assert_one_line_error(in_process(capsys, *serve, "--announce-ttl", "7200"), "--announce-ttl", "3600")
+    assert_one_line_error(in_process(capsys, *serve, "--identity", str(key), "--announce-ttl", "0"), "--announce-ttl")
+    assert key.stat().st_mode & 0o777 == 0o600  # checked (and created) before the ttl was refused
+    key.chmod(0o644)
+    for command in (serve, ["dht"]):
+        assert_one_line_error(in_process(capsys, *command, "--identity", str(key)), "readable by other users",
+                              f"chmod 600 {key}")
+
+
 def test_unknown_hub_repo_and_revision(tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     with HubServer({"org/tiny": HubRepo(tiny_model, "0" * 40)}) as hub:
