@@ -45,7 +45,11 @@ class ServingEngine:
         self.layers = LayerRange(shard.start, shard.end)
         self.page_size = page_size
         self.cache = shard.new_cache(num_pages, page_size)
-        self.page_outputs = PageOutputs(num_pages, page_size, shard.config.hidden_size, shard.dtype)
+        # None turns prefix sharing off: with length-dependent RoPE a page's keys are not reusable.
+        self.page_outputs: PageOutputs | None = (
+            PageOutputs(num_pages, page_size, shard.config.hidden_size, shard.dtype) if shard.prefix_sharing_safe
+            else None
+        )
         self.steps: Counter[str] = Counter()  # batches run, by path ("graph" / "eager"), for `info`
         self.graphs: DecodeGraphs | None = None
         if graphs and shard.device.type == "cuda" and shard.supports_fused_decode:
@@ -115,7 +119,8 @@ class ServingEngine:
         for k, v in zip(self.cache.k, self.cache.v):
             k[dst].copy_(k[src])
             v[dst].copy_(v[src])
-        self.page_outputs.copy(src, dst)
+        if self.page_outputs is not None:
+            self.page_outputs.copy(src, dst)
 
     def measure_throughput(self, steps: int = 8) -> float:
         """Decode tokens per second of one sequence through every served layer, on the serving path.

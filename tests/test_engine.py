@@ -50,3 +50,14 @@ def test_throughput_is_measured_on_the_serving_path(tiny_model) -> None:
     assert tiny_pool.measure_throughput() > 0  # a shorter context that fits the pool
     too_small = ServingEngine(Shard.from_pretrained(tiny_model, 0, 4), num_pages=2, page_size=4, max_length=8)
     assert too_small.measure_throughput() == 0.0
+
+
+def test_no_prefix_sharing_with_length_dependent_rope(tiny_model_factory) -> None:
+    """Dynamic NTK RoPE (the tiny mixtral) rotates a prefix by the length it had when computed."""
+    dynamic = ServingEngine(Shard.from_pretrained(tiny_model_factory("mixtral"), 0, 2), num_pages=8, page_size=4,
+                            max_length=32)
+    assert dynamic.page_outputs is None  # the handler then serves every step without shared pages
+    dynamic.copy_page(1, 2)  # copy-on-write still copies the KV
+    plain = ServingEngine(Shard.from_pretrained(tiny_model_factory("llama"), 0, 2), num_pages=8, page_size=4,
+                          max_length=32)
+    assert plain.page_outputs is not None
