@@ -18,6 +18,7 @@ from shards.quant import QuantLinear, memory_plan, quantize_shard
 from tests.kernel_helpers import random_shard, rel_err, tiny_config
 
 TEXT = Path("/usr/share/common-licenses/GPL-3")  # Debian's base-files; 35 KB of English
+MIXED_INT8 = ("wqkv", "wo", "w_down")  # `swarm-peer quantize --int8 wqkv,wo,w_down`
 CALIBRATION = DEFAULT_CALIBRATION  # Apache-2.0, same package: another text than the one evaluated
 PPL_TOKENS = 1024
 
@@ -68,7 +69,7 @@ def _perplexity(shard: Shard, head: ModelHead, ids: torch.Tensor) -> float:
 @pytest.mark.demo_model
 def test_quantized_perplexity_on_smollm2(demo_model: Path) -> None:
     """int8 within 1%; int4 group 32 within 8%; GPTQ calibration (on another text) beats int4
-    round-to-nearest at group 128. The demo model's weights are themselves a Q4_1 GGUF (4-bit,
+    round-to-nearest at group 128; the mixed mode (GPTQ int4 MLP up-projection, int8 rest) within 8%. The demo model's weights are themselves a Q4_1 GGUF (4-bit,
     groups of 32) dequantized, so group 32 reproduces them and group 128 cannot."""
     if not TEXT.is_file() or not CALIBRATION.is_file():
         pytest.skip(f"{TEXT} or {CALIBRATION} not present on this OS")
@@ -81,17 +82,23 @@ def test_quantized_perplexity_on_smollm2(demo_model: Path) -> None:
     torch.manual_seed(0)
     ppl = {}
     for name, mode, group in [("none", "none", 128), ("int8", "int8", 128), ("int4 g128", "int4", 128),
-                              ("int4 g32", "int4", 32), ("int4 g128 gptq", "gptq", 128)]:
+                              ("int4 g32", "int4", 32), ("int4 g128 gptq", "gptq", 128),
+                              ("mixed", "gptq", 128)]:
         shard = Shard.from_pretrained(demo_model, 0, 30)
         if mode == "gptq":
-            calibrate_shard(shard, *calibration_batch(head, calib_ids, 512), group)
+            int8 = MIXED_INT8 if name == "mixed" else ()
+            calibrate_shard(shard, *calibration_batch(head, calib_ids, 512), group, int8=int8)
         else:
             quantize_shard(shard, mode, group)
         ppl[name] = _perplexity(shard, head, ids)
     print(f"\nSmolLM2-135M perplexity, first {PPL_TOKENS} tokens of {TEXT} (GPTQ calibrated on {CALIBRATION}): {ppl}")
-    # Measured 2026-11-30: none 19.30, int8 19.39 (+0.5%), int4 g128 32.06 (+66%), int4 g32 19.28
-    # (-0.1%), int4 g128 GPTQ 30.17 (+56%; calibrated on README + docs/protocol.md: +53%).
+    # Measured 2026-11-30 (this test, 2 torch threads): none 19.30, int8 19.39 (+0.5%), int4 g128
+    # 32.06 (+66%), int4 g32 19.28 (-0.1%), int4 g128 GPTQ 24.88 (+29%), mixed (wqkv, wo, w_down
+    # int8; w_gate_up GPTQ int4 g128) 20.12 (+4.2%). The same GPTQ in a 1-thread process gave
+    # 30.17 (+56%) and 20.57 (+6.6%): with 2048 calibration tokens the result swings with
+    # floating-point noise (see docs/performance.md), hence the loose GPTQ bound.
     assert ppl["none"] < 20  # sanity: the model reads the license fine
     assert ppl["int8"] < ppl["none"] * 1.01
     assert ppl["int4 g32"] < ppl["none"] * 1.08
     assert ppl["int4 g128 gptq"] < ppl["int4 g128"] * 0.97
+    assert ppl["mixed"] < ppl["none"] * 1.08
