@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -152,8 +153,10 @@ class InferenceSession:
         while index < len(self.hops):
             hop = self.hops[index]
             try:
+                sent = time.perf_counter()
                 await hop.send_step(x, new_tokens, step_id, token_ids=token_ids, upstream=self._upstream(index))
                 y = await hop.recv_result(step_id, self._timeout)
+                self._measure(hop, new_tokens, time.perf_counter() - sent)
             except Exception as e:
                 if not is_hop_failure(e):
                     raise self._user_error(hop, e) from e
@@ -203,6 +206,7 @@ class InferenceSession:
     ) -> tuple[int, torch.Tensor]:
         """Send once; each hop pushes to the next. Returns (first hop that did not answer, its input)."""
         chain = [(h.peer_id, h.session_id, h.push_token) for h in self.hops[1:]]
+        last = time.perf_counter()
         try:
             await self.hops[0].send_step(x, new_tokens, step_id, chain, token_ids)
         except Exception as e:
@@ -217,9 +221,17 @@ class InferenceSession:
                     raise self._user_error(hop, e) from e
                 logger.info("push through %s failed at step %d (%s); relaying from here", hop, step_id, e)
                 return index, x
+            now = time.perf_counter()  # hop i's result follows hop i-1's by its compute and one transfer
+            self._measure(hop, new_tokens, now - last)
+            last = now
             hop.record_inputs(x, new_tokens, token_ids)
             x = y
         return len(self.hops), x
+
+    def _measure(self, hop: HopSession, new_tokens: list[int], seconds: float) -> None:
+        """Decode steps only: a prefill's tokens/s says little about a peer's decode speed."""
+        if all(n == 1 for n in new_tokens):
+            self.swarm.measured.observe(hop.peer_id, len(hop.layers), len(new_tokens), seconds)
 
     async def _replace(self, index: int, error: BaseException, attempt: int) -> None:
         """Swap hop `index` for a freshly planned route over its layers, replaying its inputs."""

@@ -13,6 +13,7 @@ from typing import Any
 
 from client.config import ClientConfig
 from client.loop import LoopThread
+from client.measured import MeasuredThroughput
 from routing import BanList, NoRouteError, RouteCosts, choose_route
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
@@ -34,6 +35,7 @@ class SwarmClient:
         self.bans = BanList()
         self.costs = RouteCosts()
         self.distrusted: set[str] = set()  # peers caught returning wrong results: never used again
+        self.measured = MeasuredThroughput()  # what peers really delivered to us (client/measured.py)
         self.route_rng = random.Random()  # which of the parallel routes a busy swarm's session takes
         self._view: SwarmView | None = None
         self._view_time = 0.0
@@ -58,9 +60,10 @@ class SwarmClient:
 
         The fastest route while its peers have room; in a busy swarm one drawn in proportion to
         the peers' spare capacity, so sessions spread over parallel routes (routing.choose_route).
+        A peer's throughput is the smaller of what it announces and what this client measured.
         """
         try:
-            view = await self.view(fresh)
+            view = self.measured.apply(await self.view(fresh))  # no peer is faster than we measured it
             return choose_route(view, self.route_rng, start=start, end=end, costs=self.costs,
                               banned=self.bans.penalties(time.monotonic()), pages_needed=pages_needed,
                               exclude=set(exclude) | self.distrusted | self._too_coarse(view))

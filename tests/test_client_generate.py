@@ -56,6 +56,8 @@ def test_greedy_equals_transformers(remote: DistributedModel, reference, push: b
         out = remote.generate(ids, max_new_tokens=30, session=session)
         assert session.stats.steps == 30 and session.stats.failovers == 0
     assert torch.equal(out, expected)
+    # Every hop's decode steps were timed, in relay and in push mode (routing uses these, client/measured.py).
+    assert all(remote.swarm.measured.layer_tokens_per_second(h.peer_id) > 0 for h in session.hops)
 
 
 def test_left_padded_batch_equals_transformers(remote: DistributedModel, reference) -> None:
