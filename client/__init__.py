@@ -6,6 +6,7 @@
 - `hop.py`: `HopSession`, one peer's part of a session and the inputs it was sent.
 - `forward.py`: stateless forward passes (scoring).
 - `swarm_client.py`: DHT node, P2P streams, view cache, bans and route planning.
+- `measured.py`: per-peer throughput the client measured, which caps what peers announce in routing.
 - `loop.py`: the private event loop thread behind the synchronous API.
 - `config.py`: `ClientConfig`.
 - `errors.py`: `SwarmError` and which failures mean "route around this peer".
