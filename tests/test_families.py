@@ -172,4 +172,7 @@ def test_two_peers_generate_like_transformers(tiny_model_factory, dht_swarm: Loc
         assert batched[row, width:].tolist() == want.tolist(), f"sequence {row}"
     want = reference(path).generate(torch.tensor([c]), max_new_tokens=8, min_new_tokens=8, do_sample=False)[0, len(c) :]
     assert alone[0, len(c) :].tolist() == want.tolist()
-    assert after - before >= 8, "the third prompt reused the two cached prefix pages"
+    if Shard.from_pretrained(path, 0, 2).prefix_sharing_safe:
+        assert after - before >= 8, "the third prompt reused the two cached prefix pages"
+    else:  # dynamic / longrope RoPE: a page's keys depend on the sequence's length, so peers never share them
+        assert after == before
