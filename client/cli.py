@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,9 +15,10 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 @app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt (for chat models it is sent as a user message).")],
-    model: Annotated[Path, typer.Option("--model", help="Local checkpoint folder (the client needs its embeddings, LM head and tokenizer).")],
+    model: Annotated[str, typer.Option("--model", help="Local checkpoint folder or Hugging Face repo id (the client needs its embeddings, LM head and tokenizer; a repo's decoder layers are never downloaded).")],
     initial_peers: Annotated[list[str], typer.Option("--initial-peers", help="Multiaddr of any peer of the swarm (repeatable).")],
-    model_name: Annotated[str | None, typer.Option(help="Name of the model in the DHT. Default: the folder's name.")] = None,
+    model_name: Annotated[str | None, typer.Option(help="Name of the model in the DHT. Default: the repo id, or the folder's name.")] = None,
+    revision: Annotated[str | None, typer.Option(help="With a Hub repo id: the branch, tag or commit to use (token from HF_TOKEN).")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate at most.")] = 128,
     do_sample: Annotated[bool, typer.Option("--sample/--greedy", help="Sample (with temperature, top-k, top-p) or pick the likeliest token.")] = False,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.8,
@@ -40,7 +40,8 @@ def generate(
     if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
         raise typer.BadParameter(f"{device!r}: this torch has no CUDA device; use --device cpu", param_hint="--device")
     started = time.perf_counter()
-    lm = DistributedModel.from_pretrained(model, initial_peers, model_name=model_name, push=push, device=device)
+    lm = DistributedModel.from_pretrained(model, initial_peers, model_name=model_name, push=push, device=device,
+                                          revision=revision)
     try:
         if lm.tokenizer is None:
             raise typer.BadParameter(f"{model} has no tokenizer; use the Python API with token ids", param_hint="--model")

@@ -32,12 +32,12 @@ def read_api_keys(path: Path) -> tuple[str, ...]:
     return keys
 
 
-def load_model(model: Path, initial_peers: list[str], model_name: str | None, swarm_key: Path | None,
-               device: str | None) -> Any:
+def load_model(model: str, initial_peers: list[str], model_name: str | None, swarm_key: Path | None,
+               device: str | None, revision: str | None) -> Any:
     from client.model import DistributedModel
 
     return DistributedModel.from_pretrained(model, initial_peers, model_name=model_name, swarm_key=swarm_key,
-                                            device=device)
+                                            device=device, revision=revision)
 
 
 async def serve(model: Any, host: str, port: int, api_keys: tuple[str, ...], max_running: int) -> None:
@@ -75,14 +75,15 @@ async def serve(model: Any, host: str, port: int, api_keys: tuple[str, ...], max
 @app.command(help="Serve an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models) and a "
                   "chat page for a model served by a layerswarm swarm.")
 def main(
-    model: Annotated[Path, typer.Option("--model", metavar="PATH", help="Local checkpoint folder of the model: the gateway needs its tokenizer, chat template, embeddings and LM head (not the decoder layers).")],
+    model: Annotated[str, typer.Option("--model", metavar="PATH|REPO", help="Local checkpoint folder or Hugging Face repo id of the model: the gateway needs its tokenizer, chat template, embeddings and LM head (a repo's decoder layers are never downloaded).")],
     initial_peers: Annotated[list[str], typer.Option("--initial-peers", metavar="MADDR", help="Multiaddr of any peer of the swarm, e.g. /ip4/1.2.3.4/tcp/31337/p2p/12D3Koo... (repeatable; at least one).")],
     host: Annotated[str, typer.Option(metavar="HOST", help="Address to serve HTTP on. 127.0.0.1 keeps it local; 0.0.0.0 makes it public (then use --api-key-file).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(metavar="PORT", help="TCP port for HTTP (0: any free port, printed on stdout).", min=0, max=65535)] = 8000,
     swarm_key: Annotated[Path | None, typer.Option("--swarm-key", metavar="FILE", help="Secret file of a private swarm (from `swarm-peer keygen`).")] = None,
     api_key_file: Annotated[Path | None, typer.Option("--api-key-file", metavar="FILE", help="File with the API keys clients must send as 'Authorization: Bearer KEY' (one per line). Without it /v1/ is open to anyone who can reach the port.")] = None,
     device: Annotated[str | None, typer.Option(metavar="DEVICE", help="Where the embeddings, LM head and sampling run: cpu, cuda or cuda:N. Default: cuda when a GPU is present, else cpu.")] = None,
-    model_name: Annotated[str | None, typer.Option(metavar="NAME", help="Name of the model in the DHT, also its id in the API. Default: the checkpoint folder's name.")] = None,
+    model_name: Annotated[str | None, typer.Option(metavar="NAME", help="Name of the model in the DHT, also its id in the API. Default: the repo id, or the checkpoint folder's name.")] = None,
+    revision: Annotated[str | None, typer.Option(metavar="REV", help="With a Hub repo id: the branch, tag or commit to use (token from HF_TOKEN).")] = None,
     max_running: Annotated[int, typer.Option(metavar="N", help="Generations running at once (each its own session on the peers); more requests wait in line.", min=1, max=1024)] = 64,
     log_level: Annotated[str, typer.Option(metavar="LEVEL", help="Logging level on stderr: debug, info, warning or error.")] = "info",
 ) -> None:
@@ -95,7 +96,7 @@ def main(
     try:
         api_keys = read_api_keys(api_key_file) if api_key_file else ()
         logger.info("joining the swarm via %s", ", ".join(initial_peers))
-        lm = load_model(model, initial_peers, model_name, swarm_key, device)
+        lm = load_model(model, initial_peers, model_name, swarm_key, device, revision)
     except (ValueError, FileNotFoundError, TypeError) as e:  # bad folder, key file, device...
         logger.error("%s", e)
         raise typer.Exit(2) from None
