@@ -47,6 +47,17 @@ class StopStrings:
         return any(s in text for s in self.strings)
 
 
+
+def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[list[int]]:
+    """(B, T) ids (+ mask) -> each sequence's real tokens (left padding removed)."""
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if attention_mask is None:
+        return [row.tolist() for row in input_ids]
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+    return [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
+
 def last_logits(model: DistributedModel, session: InferenceSession, feed: list[list[int]]) -> torch.Tensor:
     """Send each sequence's new tokens through the swarm; logits (B, V) at each sequence's last token."""
     new_tokens = [len(f) for f in feed]
@@ -70,8 +81,6 @@ def run_generation(
     num_draft_tokens: int | None = None,
     stop: str | list[str] | None = None,
 ) -> torch.Tensor:
-    from client.model import strip_left_padding
-
     started = time.perf_counter()
     prompts = strip_left_padding(input_ids, attention_mask)
     batch = len(prompts)

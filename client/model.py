@@ -15,6 +15,7 @@ import torch
 
 from client.config import ClientConfig
 from client.forward import forward_through_swarm
+from client.generation import run_generation, strip_left_padding
 from client.loop import LoopThread
 from client.sampling import SamplingParams, TokenChooser
 from client.session import InferenceSession
@@ -47,17 +48,6 @@ def load_generation_defaults(path: Path) -> Any | None:
     from transformers import GenerationConfig
 
     return GenerationConfig.from_pretrained(path)
-
-
-def strip_left_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[list[int]]:
-    """(B, T) ids (+ mask) -> each sequence's real tokens (left padding removed)."""
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    if attention_mask is None:
-        return [row.tolist() for row in input_ids]
-    if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
-    return [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
 
 
 def choose_device(
@@ -226,8 +216,6 @@ class DistributedModel:
         `stop` (a string or a list): a sequence ends once its new text contains one of them; the
         tokens up to the one that completes it are returned (like transformers' `stop_strings`).
         """
-        from client.generation import run_generation  # the loop lives apart from the API surface
-
         if input_ids.dim() == 1:
             input_ids = input_ids[None]
         eos = self._eos_ids(eos_token_id)
