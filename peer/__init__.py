@@ -14,7 +14,8 @@
 - `push.py`: server-to-server push of a session's output to the next hop.
 - `view.py`: the `view` request: the records this peer sees for a model (bounded, cached DHT reads).
 - `drain.py`: graceful departure: after announcing DRAINING, wait until other peers cover our layers.
-- `cli.py`: the `swarm-peer` command (`dht`, `serve`, `keygen`, `generate`, `quantize`).
+- `drain_cli.py`: `swarm-peer drain --pid`: signal a running peer to leave gracefully, wait until it exits.
+- `cli.py`: the `swarm-peer` command (`dht`, `serve`, `keygen`, `generate`, `quantize`, `drain`).
 - `cli_checks.py`: its option checks, done before anything starts (one line per problem, exit code 2).
 - `quantize_cli.py`: `swarm-peer quantize` (GPTQ int4 / int8 checkpoint writer) and serve's check of it.
 """

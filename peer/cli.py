@@ -27,6 +27,7 @@ from peer.cli_checks import (
     resolve_checked,
 )
 from peer.config import FaultyOutputs, PeerConfig, ServingLimits
+from peer.drain_cli import drain
 from peer.quantize_cli import checkpoint_quant, quantize
 from swarm.types import LayerRange
 
@@ -433,6 +434,7 @@ def print_plan(config: PeerConfig) -> None:
 
 
 app.command()(quantize)  # swarm-peer quantize: peer/quantize_cli.py
+app.command()(drain)  # swarm-peer drain: peer/drain_cli.py
 
 
 @app.command()

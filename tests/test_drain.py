@@ -1,8 +1,9 @@
-"""Graceful departure with real processes: a sole server drains on SIGTERM, a self-placing peer takes over."""
+"""Graceful departure with real processes: a sole server drains (`swarm-peer drain`: SIGTERM), a self-placing peer takes over."""
 
 from __future__ import annotations
 
-import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -74,8 +75,10 @@ def test_sole_server_drains_on_sigterm_mid_generation_and_no_layer_is_ever_uncov
         config = ClientConfig(step_timeout=5, max_retries=8, retry_backoff=0.2)
         model = DistributedModel.from_pretrained(model_path, local_swarm.initial_peers, config=config)
 
+        drainer: list[subprocess.Popen] = []
+
         class TermAt:
-            """SIGTERM the sole server at token 4; then pace the generation so it outlasts the drain."""
+            """`swarm-peer drain` the sole server at token 4; then pace the generation so it outlasts the drain."""
 
             count = 0
 
@@ -83,7 +86,8 @@ def test_sole_server_drains_on_sigterm_mid_generation_and_no_layer_is_ever_uncov
                 TermAt.count += 1
                 if TermAt.count == 5:
                     watch.start()
-                    victim.signal(signal.SIGTERM)
+                    drainer.append(subprocess.Popen([sys.executable, "-m", "peer.cli", "drain", "--pid",
+                                                     str(victim.proc.pid)], stdout=subprocess.PIPE, text=True))
                 if TermAt.count > 5 and victim.proc.poll() is None:
                     time.sleep(0.25)
 
@@ -97,6 +101,8 @@ def test_sole_server_drains_on_sigterm_mid_generation_and_no_layer_is_ever_uncov
             model.close()
         assert torch.equal(out, expected)
         assert victim.proc.wait(30) == 0
+        drained, _ = drainer[0].communicate(timeout=30)
+        assert drainer[0].returncode == 0 and f"peer {victim.proc.pid} exited after" in drained, drained
         watch.done.set()
         watch.join(10)
         assert "draining done (other peers now serve our layers)" in victim.log_text(), \
