@@ -274,13 +274,17 @@ if HAS_TRITON:
             triton.Config({"BLOCK_N": 64, "BLOCK_K": 256}, num_warps=8, num_stages=4),
         ],
         key=["N", "K", "BLOCK_M"],
+        cache_results=True,
     )(_int8_kernel)
+    # int4 is tuned per (N, K, BLOCK_M, G): four projections x three BLOCK_M values at a peer's
+    # start. With 21 configs that was ~250 compile-and-time runs, minutes before an int4 peer
+    # could serve; 9 configs keep every BLOCK_N and the two unroll depths, and cache_results
+    # keeps the choice on disk so a restarted or moving peer does not tune again.
     _int4_tuned = triton.autotune(
         configs=[
-            triton.Config({"BLOCK_N": bn, "GPI": gpi}, num_warps=w, num_stages=st)
+            triton.Config({"BLOCK_N": bn, "GPI": gpi}, num_warps=4, num_stages=3)
             for bn in (16, 32, 64)
-            for gpi in (1, 2, 4)
-            for w, st in ((4, 3), (4, 5))
+            for gpi in (1, 2)
         ]
         + [
             triton.Config({"BLOCK_N": 16, "GPI": 2}, num_warps=2, num_stages=4),
@@ -288,4 +292,5 @@ if HAS_TRITON:
             triton.Config({"BLOCK_N": 64, "GPI": 2}, num_warps=8, num_stages=4),
         ],
         key=["N", "K", "BLOCK_M", "G"],
+        cache_results=True,
     )(_int4_kernel)
