@@ -38,6 +38,7 @@ from swarm.schema import (  # noqa: F401 - MAX_ROUTE_HOPS, parse_chain, parse_to
     Push,
     Step,
     Truncate,
+    View,
     parse_chain,
     parse_token_ids,
 )
@@ -63,7 +64,7 @@ class ServedModel:
 class StreamHandler:
     forward_priority = 1  # scheduling priority of stateless forwards (steps: 0); --forward-priority
     page_outputs: PageOutputs | None = None  # set by the server; None disables prefix sharing
-    view: Callable[[dict[str, Any]], Any] | None = None  # `ViewService.answer` (peer/view.py); None: no `view`
+    view: Callable[[View], Any] | None = None  # `ViewService.answer` (peer/view.py); None: no `view`
 
     def __init__(
         self,
@@ -151,7 +152,7 @@ class StreamHandler:
         if kind == m.INFO:
             return {"type": m.INFO, **self.info()}
         if kind == m.VIEW and self.view is not None:
-            return await self.view(msg)
+            return await self.view(View.from_wire(msg, self.limits))
         if kind == m.FORWARD:
             return await self._forward(Forward.from_wire(msg, self.limits), remote)
         if kind == m.OPEN:
@@ -285,10 +286,9 @@ class StreamHandler:
         await stream.send({"type": m.RESULT, "step_id": step_id, "hidden": encoded})
         if chain:
             (peer_id, next_session, token), rest = chain[0], chain[1:]
-            pushed = {"type": m.PUSH, "session_id": next_session, "push_token": token, "step_id": step_id, "hidden": encoded,
-                      "new_tokens": new_tokens, "positions": positions, "next": [list(h) for h in rest]}
-            if token_ids is not None:
-                pushed["token_ids"] = token_ids  # the next hop can share prefix pages too
+            pushed = Push(session_id=next_session, push_token=token, step_id=step_id, hidden=output,
+                          new_tokens=new_tokens, positions=positions,
+                          token_ids=token_ids, next=tuple(rest) or None)  # token_ids: the next hop shares prefixes too
             try:
                 await self.push_links.send(session.session_id, peer_id, pushed)
             except Exception as e:  # the client replaces the downstream hop

@@ -2,7 +2,8 @@
 
 One outgoing libp2p stream per upstream session, opened at its first push and closed with it.
 The downstream peer answers pushes on the client's own stream, so nothing is expected back here;
-a small reader task drains the link and logs the refusals it may carry.
+a small reader task drains the link and logs the refusals (`error` replies) it may carry.
+Both directions go through the typed schema (swarm/schema.py): `Push` out, `Error` back.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from swarm.auth import SwarmKey
 from swarm.codec import Limits
 from swarm.connection import PeerStream, open_stream
 from swarm.errors import ConnectionClosed, ProtocolError
+from swarm.schema import Error, Push
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +37,8 @@ class PushLinks:
         self._links: dict[str, _Link] = {}  # upstream session id -> link to its next hop
         self.pushes = 0
 
-    async def send(self, session_id: str, peer_id: str, msg: dict[str, Any]) -> None:
+    async def send(self, session_id: str, peer_id: str, push: Push) -> None:
+        """Push one step of upstream session `session_id` to `peer_id` (a link is opened on first use)."""
         link = self._links.get(session_id)
         if link is None or link.drain_task.done() or link.stream.remote_peer_id != peer_id:
             if link is not None:
@@ -43,15 +46,16 @@ class PushLinks:
             stream = await asyncio.wait_for(open_stream(self._p2p, peer_id, self._limits, swarm_key=self._swarm_key), self._timeout)
             link = _Link(stream, asyncio.get_running_loop().create_task(self._drain(stream)))
             self._links[session_id] = link
-        await asyncio.wait_for(link.stream.send(msg), self._timeout)
+        await asyncio.wait_for(link.stream.send(push.to_wire()), self._timeout)
         self.pushes += 1
 
     async def _drain(self, stream: PeerStream) -> None:
         try:
             while True:
                 reply = await stream.recv_raw()
-                if reply.get("type") == "error":
-                    logger.warning("push to %s refused: %s", stream.remote_peer_id, reply.get("message"))
+                if reply["type"] == Error.TYPE:  # nothing else is expected on a push link
+                    error = Error.from_wire(reply, self._limits)
+                    logger.warning("push to %s refused (%s): %s", stream.remote_peer_id, error.code, error.message)
         except (ConnectionClosed, ConnectionError, ProtocolError):
             pass
 

@@ -104,7 +104,7 @@ class PeerServer:
         )
         self.handler.forward_priority = cfg.forward_priority
         self.handler.page_outputs = self.engine.page_outputs
-        self.handler.view = ViewService(self.node.fetch_view_async, cfg.model_name).answer
+        self.handler.view = ViewService(self.node.fetch_signed_view_async, cfg.model_name).answer
         await self.p2p.add_binary_stream_handler(PROTOCOL_NAME, stream_handler(self.handler.serve, self.limits))
         self.state = PeerState.ONLINE
         await self._announce()

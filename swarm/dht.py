@@ -16,6 +16,7 @@ on a pipe to it. From async code use the `*_async` variants so the event loop ke
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -26,13 +27,15 @@ from typing import Any
 
 import hivemind
 import msgpack
+from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.p2p import P2P
-from hivemind.utils import get_dht_time
+from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from swarm.auth import SwarmKey
 from swarm.identity import ensure_identity, ephemeral_identity, load_identity
 from swarm.lifeline import GuardedDHT
-from swarm.records import MAX_TTL, RecordSigner, owner_of
+from swarm.records import MAX_TTL, RecordSigner, SignedRecord, open_signed, owner_of
 from swarm.types import MAX_NUM_LAYERS, MAX_STR, PeerRecord, SwarmView
 
 logger = logging.getLogger(__name__)
@@ -201,8 +204,12 @@ class SwarmNode:
         Unowned subkeys (anyone could have written them) are dropped, and in a private swarm
         so are values its members did not seal.
         """
+        return self._open(_subkey_values(found), key)
+
+    def _open(self, values: Mapping[Any, Any], key: str) -> dict[tuple[str, str], Any]:
+        """`_unseal` of {subkey: value} already taken out of a DHT entry."""
         opened = {}
-        for subkey, value in _subkey_values(found).items():
+        for subkey, value in values.items():
             owner = owner_of(subkey)
             if owner is None:
                 logger.debug(f"dropping a value under the unsigned subkey {subkey!r:.100}")
@@ -253,6 +260,29 @@ class SwarmNode:
         models = await self.list_models_async() if num_layers is None else {}
         return _build_view(model, num_layers, found, lambda: models)
 
+    async def fetch_signed_view_async(
+        self, model: str, num_layers: int | None = None
+    ) -> tuple[SwarmView, dict[str, SignedRecord]]:
+        """`fetch_view_async`, plus each kept record's value exactly as its owner signed it (for `view`).
+
+        Every signature is checked here again (`open_signed`), whoever stored the value, so
+        nothing relayed from this map is unverified.
+        """
+        key = self._key(model_key(model))
+        stored = await self.dht.run_coroutine(functools.partial(_stored_values, key), return_future=True)
+        found: dict[tuple[str, str], Any] = {}
+        signed: dict[tuple[str, str], SignedRecord] = {}
+        for record in stored:
+            opened = open_signed(key, record, self.signer)
+            if opened is None:
+                logger.debug(f"dropping a value of {key!r:.80} whose signature does not verify")
+                continue
+            for name_owner, value in self._open({opened[0]: opened[1]}, key).items():  # unsealed, owned
+                found[name_owner], signed[name_owner] = value, record
+        models = await self.list_models_async() if num_layers is None else {}
+        view = _build_view(model, num_layers, found, lambda: models)
+        return view, {peer: signed[(peer, peer)] for peer in view.records}
+
     def list_models(self) -> dict[str, int]:
         """model name -> num_layers, for every model some peer announced recently."""
         key = self._key(MODELS_KEY)
@@ -281,6 +311,25 @@ def _subkey_values(found: Any) -> Mapping[Any, Any]:
     if found is None or not isinstance(found.value, dict):
         return {}
     return {subkey: item.value for subkey, item in itertools.islice(found.value.items(), MAX_VALUES_READ)}
+
+
+async def _stored_values(key: str, _dht: Any, node: Any) -> list[SignedRecord]:
+    """(Runs in the DHT process.) Every live subkey of `key` as stored, signature included.
+
+    hivemind's get merges all it finds into this node's storage or cache entry for the key (the
+    first candidate's dict is updated in place, a newer result is cached: DHTNode._cache_new_result),
+    so those two entries, read right after a full search, hold the signed bytes of every value found.
+    """
+    await node.get(key, latest=True)
+    key_id = DHTID.generate(source=key)
+    latest: dict[Any, tuple[bytes, float]] = {}
+    for entry in (node.protocol.storage.get(key_id), node.protocol.cache.get(key_id)):
+        if entry is not None and isinstance(entry.value, DictionaryDHTValue):
+            for subkey, (value, expiration) in entry.value.items():
+                if subkey not in latest or expiration > latest[subkey][1]:
+                    latest[subkey] = (value, expiration)
+    return [SignedRecord(MSGPackSerializer.dumps(subkey), value, expiration)
+            for subkey, (value, expiration) in itertools.islice(latest.items(), MAX_VALUES_READ)]
 
 
 def _most_announced(counts: Counter[int]) -> int:

@@ -8,15 +8,24 @@ the node's libp2p identity, so readers check `owner_of(subkey)` is the peer the 
 
 `ExpirationValidator` refuses values expiring more than MAX_TTL from now: hivemind keeps, per
 subkey, the value with the latest expiration, so one far-future value would pin a key for years.
+
+`SignedRecord` is one value exactly as the DHT stores it (subkey, value with its signature,
+expiration): `view` replies relay these so a reader who trusts no peer checks each signature
+itself (docs/protocol.md, "Signed records"); `open_signed` is that check, done with hivemind's
+own validators before a peer relays anything.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
+from typing import Any
 
 from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
-from hivemind.utils import get_dht_time
+from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from swarm.identity import IdentityKey, peer_id_of
 
@@ -71,3 +80,42 @@ def owner_of(subkey: object) -> tuple[str, str] | None:
         return None
     peer_id = peer_id_of(match.group(2).encode())
     return None if peer_id is None else (match.group(1), peer_id)
+
+
+@dataclass(frozen=True)
+class SignedRecord:
+    """One owned DHT value exactly as stored: what the owner signed, and the signature."""
+
+    subkey: bytes  # msgpack of the subkey str `name[owner:ssh-rsa ...]`
+    value: bytes  # msgpack of the value, then b"[signature:" + base64(RSA-PSS signature) + b"]"
+    expiration_time: float  # DHT time (Unix seconds); signed too, so nobody can prolong a record
+
+
+def dht_key_bytes(key: str) -> bytes:
+    """The 20 bytes a DHT key is stored and signed under: SHA-1 of its msgpack (hivemind's DHTID)."""
+    return DHTID.generate(source=key).to_bytes()
+
+
+def open_signed(key: str, record: SignedRecord, signer: RecordSigner) -> tuple[str, Any] | None:
+    """(subkey, value) of a record stored under `key` whose owner's signature verifies, else None.
+
+    Refused too: unowned subkeys (hivemind's validator passes those), expired values, and what
+    the DHT's other validators refuse (far-future expirations). `signer`: any node's (its key is unused).
+    """
+    if type(record.expiration_time) is not float or not math.isfinite(record.expiration_time):
+        return None
+    if record.expiration_time <= get_dht_time() or len(record.subkey) > MAX_SUBKEY_BYTES:
+        return None
+    try:
+        subkey = MSGPackSerializer.loads(record.subkey)
+    except Exception:
+        return None
+    if owner_of(subkey) is None:
+        return None
+    dht_record = DHTRecord(dht_key_bytes(key), record.subkey, record.value, record.expiration_time)
+    if not all(v.validate(dht_record) for v in signer.validators()):
+        return None
+    try:
+        return subkey, MSGPackSerializer.loads(signer.validator.strip_value(dht_record))
+    except Exception:
+        return None

@@ -10,7 +10,8 @@ tests/test_swarm_schema.py checks that both agree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import math
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -18,6 +19,8 @@ import torch
 from swarm import messages as m
 from swarm.codec import Limits, encode_tensor
 from swarm.errors import ProtocolError
+from swarm.records import MAX_SUBKEY_BYTES, SignedRecord
+from swarm.types import MAX_NUM_LAYERS
 
 MAX_TOKEN_ID = 2**31 - 1  # token ids travel as non-negative int32 values
 MAX_ID_LEN = 128  # peer ids, session ids, push tokens
@@ -27,12 +30,21 @@ MAX_ID_LEN = 128  # peer ids, session ids, push tokens
 # its steps itself instead of pushing. The bound keeps one step's fan-out small.
 MAX_ROUTE_HOPS = 16
 MIN_PUSH_TOKEN = 16  # characters: a client-chosen secret nobody can guess
+MAX_MODEL_NAME = 256
+MAX_VIEW_RECORDS = 256  # a route needs a handful of peers; 256 covers a large swarm's candidates
+# A signed PeerRecord: <= ~2.5 KiB of fields (PeerRecord.from_dict's bounds) + a base64 signature
+# (<= 1.4 KiB for an 8192-bit key); a larger value is nobody's honest record.
+MAX_SIGNED_VALUE = 8192
 
 Layers = tuple[int, int]
 
 
 def _bad(key: str, why: str) -> ProtocolError:
     return ProtocolError("bad_field", f"field {key!r}: {why}")
+
+
+def _optional_id(msg: dict[str, Any], key: str = "session_id") -> str | None:
+    return m.require_str(msg, key, max_len=MAX_ID_LEN) if key in msg else None
 
 
 def _layers(msg: dict[str, Any]) -> Layers | None:
@@ -99,7 +111,7 @@ class Message:
             if isinstance(value, torch.Tensor):
                 value = encode_tensor(value)
             elif isinstance(value, tuple):
-                value = [list(v) if isinstance(v, tuple) else v for v in value]
+                value = [list(v) if isinstance(v, tuple) else asdict(v) if is_dataclass(v) else v for v in value]
             out[f.name] = value
         return out
 
@@ -179,7 +191,7 @@ class Step(Message):
         return cls(
             step_id=m.require_int(msg, "step_id", min=0), hidden=hidden, new_tokens=new_tokens,
             positions=positions, token_ids=parse_token_ids(msg, new_tokens), next=tuple(parse_chain(msg)) or None,
-            session_id=m.require_str(msg, "session_id", max_len=MAX_ID_LEN) if "session_id" in msg else None,
+            session_id=_optional_id(msg),
             push_from=push_from, push_token=push_token or None,
         )
 
@@ -192,18 +204,23 @@ class Truncate(Message):
 
     @classmethod
     def from_wire(cls, msg: dict[str, Any], limits: Limits) -> Truncate:
-        session_id = m.require_str(msg, "session_id", max_len=MAX_ID_LEN) if "session_id" in msg else None
-        return cls(m.require_int(msg, "length", min=0), session_id)
+        return cls(m.require_int(msg, "length", min=0), _optional_id(msg))
 
 
 @dataclass(frozen=True)
-class Close(Message):
-    TYPE: ClassVar[str] = m.CLOSE
-    session_id: str | None = None
+class _SessionOnly(Message):
+    """A message whose one field is an optional session id (`close` and its reply `closed`)."""
+
+    session_id: str | None = None  # default: the stream's only session
 
     @classmethod
-    def from_wire(cls, msg: dict[str, Any], limits: Limits) -> Close:
-        return cls(m.require_str(msg, "session_id", max_len=MAX_ID_LEN) if "session_id" in msg else None)
+    def from_wire(cls, msg: dict[str, Any], limits: Limits) -> _SessionOnly:
+        return cls(_optional_id(msg))
+
+
+@dataclass(frozen=True)
+class Close(_SessionOnly):
+    TYPE: ClassVar[str] = m.CLOSE
 
 
 @dataclass(frozen=True)
@@ -213,7 +230,7 @@ class View(Message):
 
     @classmethod
     def from_wire(cls, msg: dict[str, Any], limits: Limits) -> View:
-        return cls(m.require_str(msg, "model", max_len=256) if "model" in msg else None)
+        return cls(m.require_str(msg, "model", max_len=MAX_MODEL_NAME) if "model" in msg else None)
 
 
 @dataclass(frozen=True)
@@ -299,13 +316,45 @@ class Truncated(Message):
 
 
 @dataclass(frozen=True)
-class Closed(Message):
+class Closed(_SessionOnly):
     TYPE: ClassVar[str] = m.CLOSED
-    session_id: str | None = None
+
+
+def parse_signed_record(obj: Any, index: int) -> SignedRecord:
+    """One entry of a `view` reply's `records`: {subkey: bytes, value: bytes, expiration_time: float}.
+
+    Only its shape and size are checked here; whether the signature verifies is the reader's
+    own check (swarm.records.open_signed, or docs/protocol.md "Signed records").
+    """
+    where = f"records[{index}]"
+    if not isinstance(obj, dict):
+        raise _bad(where, "expected a map {subkey, value, expiration_time}")
+    subkey, value, expiration = obj.get("subkey"), obj.get("value"), obj.get("expiration_time")
+    if not isinstance(subkey, bytes) or not 0 < len(subkey) <= MAX_SUBKEY_BYTES:
+        raise _bad(where, f"subkey must be 1..{MAX_SUBKEY_BYTES} bytes")
+    if not isinstance(value, bytes) or not 0 < len(value) <= MAX_SIGNED_VALUE:
+        raise _bad(where, f"value must be 1..{MAX_SIGNED_VALUE} bytes")
+    if type(expiration) is not float or not math.isfinite(expiration):
+        raise _bad(where, "expiration_time must be a finite float")
+    return SignedRecord(subkey, value, expiration)
+
+
+@dataclass(frozen=True)
+class ViewReply(Message):
+    TYPE: ClassVar[str] = m.VIEW
+    model: str
+    num_layers: int  # 0: no peer announces the model
+    records: tuple[SignedRecord, ...]  # best first (peer/view.py), each exactly as its owner signed it
+    truncated: bool  # some records were left out (bounds)
 
     @classmethod
-    def from_wire(cls, msg: dict[str, Any], limits: Limits) -> Closed:
-        return cls(m.require_str(msg, "session_id", max_len=MAX_ID_LEN) if "session_id" in msg else None)
+    def from_wire(cls, msg: dict[str, Any], limits: Limits) -> ViewReply:
+        records = msg.get("records")
+        if not isinstance(records, list) or len(records) > MAX_VIEW_RECORDS:
+            raise _bad("records", f"expected a list of at most {MAX_VIEW_RECORDS} signed records")
+        return cls(m.require_str(msg, "model", max_len=MAX_MODEL_NAME),
+                   m.require_int(msg, "num_layers", min=0, max=MAX_NUM_LAYERS),
+                   tuple(parse_signed_record(r, i) for i, r in enumerate(records)), m.require_bool(msg, "truncated"))
 
 
 @dataclass(frozen=True)
@@ -331,7 +380,9 @@ class Error(Message):
 
 
 REQUESTS: dict[str, type[Message]] = {c.TYPE: c for c in (Info, Forward, Open, Step, Truncate, Close, View, Auth, Push)}
-REPLIES: dict[str, type[Message]] = {c.TYPE: c for c in (InfoReply, Opened, Result, Truncated, Closed, Authorized, Error)}
+REPLIES: dict[str, type[Message]] = {
+    c.TYPE: c for c in (InfoReply, Opened, Result, Truncated, Closed, Authorized, Error, ViewReply)
+}
 
 
 def parse_request(msg: dict[str, Any], limits: Limits) -> Message:

@@ -13,6 +13,7 @@ from swarm import schema as s
 from swarm.codec import Limits, decode_message, encode_message
 from swarm.errors import ProtocolError
 from swarm.messages import ERROR_CODES, REPLY_TYPES, REQUEST_TYPES
+from swarm.records import SignedRecord
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 LIMITS = Limits()
@@ -48,7 +49,7 @@ def test_doc_and_schema_list_the_same_messages_and_fields() -> None:
 
 def test_schema_covers_the_message_vocabulary() -> None:
     assert set(s.REQUESTS) == REQUEST_TYPES
-    assert set(s.REPLIES) | {"view"} == REPLY_TYPES  # the view reply is peer/view.py's ViewReply
+    assert set(s.REPLIES) == REPLY_TYPES
 
 
 def test_every_error_code_is_documented() -> None:
@@ -75,9 +76,12 @@ def test_round_trips() -> None:
             a, b = getattr(msg, f.name), getattr(back, f.name)
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
     for reply in [s.Opened("sess", 16), s.Result(hidden, 5), s.Result(hidden), s.Truncated(3), s.Closed("x"),
-                  s.Authorized(), s.Error("busy", "full", True), s.InfoReply({"peer_id": "x"}, {"n": 1})]:
+                  s.Authorized(), s.Error("busy", "full", True), s.InfoReply({"peer_id": "x"}, {"n": 1}),
+                  s.ViewReply("m", 30, (SignedRecord(b"\xa3k[o", b"v[signature:x]", 1e9),), truncated=True)]:
         back = s.parse_reply(wire(reply), LIMITS, type(reply))
         assert type(back) is type(reply)
+        if not isinstance(reply, s.Result):
+            assert back == reply
 
 
 def test_unknown_fields_are_tolerated() -> None:
@@ -117,6 +121,33 @@ def test_step_fields_are_checked(changes: dict) -> None:
     with pytest.raises(ProtocolError) as info:
         s.Step.from_wire(step(**changes), LIMITS)
     assert info.value.code in ("bad_field", "bad_tensor")
+
+
+def test_close_and_closed_share_one_parser() -> None:
+    assert s.Close.from_wire.__func__ is s.Closed.from_wire.__func__
+    assert s.parse_reply({"type": "closed", "session_id": "a"}, LIMITS, s.Closed) == s.Closed("a")
+    assert s.parse_request({"type": "close"}, LIMITS) == s.Close()
+
+
+def view_reply(**changes) -> dict:
+    msg = wire(s.ViewReply("m", 4, (SignedRecord(b"\xa1k", b"v", 1e9),), False))
+    msg.update(changes)
+    return msg
+
+
+@pytest.mark.parametrize("changes", [
+    {"records": "x"}, {"records": [{}] * (s.MAX_VIEW_RECORDS + 1)}, {"records": [5]},
+    {"records": [{"subkey": "str", "value": b"v", "expiration_time": 1e9}]},
+    {"records": [{"subkey": b"k", "value": b"v" * (s.MAX_SIGNED_VALUE + 1), "expiration_time": 1e9}]},
+    {"records": [{"subkey": b"k", "value": b"v", "expiration_time": 10**9}]},
+    {"records": [{"subkey": b"k", "value": b"v", "expiration_time": float("nan")}]},
+    {"num_layers": -1}, {"model": 7}, {"truncated": "no"},
+])
+def test_view_reply_fields_are_checked(changes: dict) -> None:
+    assert s.ViewReply.from_wire(view_reply(), LIMITS).num_layers == 4
+    with pytest.raises(ProtocolError) as info:
+        s.ViewReply.from_wire(view_reply(**changes), LIMITS)
+    assert info.value.code == "bad_field"
 
 
 def test_reply_of_the_wrong_type_is_a_bad_reply() -> None:

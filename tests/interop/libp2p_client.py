@@ -7,8 +7,9 @@ layerswarm: it follows docs/protocol.md ("Talking to peers from another libp2p i
     python tests/interop/libp2p_client.py --peer /ip4/127.0.0.1/tcp/PORT/p2p/PEER_ID \
         --model-dir CHECKPOINT --prompt-ids 1,2,3 --decode-steps 16
 
-Steps: connect (Noise + yamux) -> `info` -> `view` -> plan a route covering [0, num_layers) ->
-connect to the route's other peers from their records' addresses -> `open` a session on each hop
+Steps: connect (Noise + yamux) -> `info` -> `view` -> check every record's owner signature
+(signed_records.py; bad ones are dropped) -> plan a route covering [0, num_layers) from the
+verified records only -> connect to the route's other peers from their records' addresses -> `open` a session on each hop
 -> prefill and `--decode-steps` greedy steps, relaying each hop's output to the next itself ->
 `close`. Prints one JSON object on stdout: what was negotiated, seen and generated.
 """
@@ -37,6 +38,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.security.tls.transport import PROTOCOL_ID as TLS_ID
 from libp2p.security.tls.transport import TLSTransport
+from signed_records import verify_view
 from wire import MessageStream, decode_tensor, encode_tensor
 
 PROTOCOL = TProtocol("layerswarm/v1")  # the stream protocol id, as is (no leading slash)
@@ -48,10 +50,16 @@ def security_options(name: str, key_pair: Any) -> dict:
     return {TLS_ID: TLSTransport(key_pair)}
 
 
+def valid_layers(layers: Any) -> bool:
+    """A signed record is its owner's word, not necessarily sane: [a, b) must be two ints with 0 <= a < b."""
+    return (isinstance(layers, list) and len(layers) == 2 and all(type(x) is int for x in layers)
+            and 0 <= layers[0] < layers[1])
+
+
 def plan_route(records: list[dict[str, Any]], num_layers: int) -> list[tuple[dict[str, Any], int, int]]:
     """Hops (record, start, end) covering [0, num_layers), from each position the online peer reaching
     furthest (a real client weighs throughput and latency: see routing/ in layerswarm); [] if none covers."""
-    online = [r for r in records if r.get("state") == "online"]
+    online = [r for r in records if r.get("state") == "online" and valid_layers(r.get("layers"))]
     route, position = [], 0
     while position < num_layers:
         covering = [r for r in online if r["layers"][0] <= position < r["layers"][1]]
@@ -94,14 +102,17 @@ async def generate(args: argparse.Namespace) -> dict[str, Any]:
         attempts = max(1, args.view_attempts)
         for attempt in range(attempts):  # a peer that just joined may not be in the DHT yet
             view = await entry.request({"type": "view", "model": model}, expect="view")
-            route = plan_route(view["records"], num_layers)
+            records, rejected = verify_view(view, model)  # the peer relays; only the owners' signatures count
+            route = plan_route(records, num_layers)
             if route or attempt + 1 == attempts:
                 break
             await trio.sleep(1.0)
-        out.update(info=info["record"], view=view)
+        out.update(info=info["record"], view={"num_layers": view["num_layers"], "truncated": view["truncated"],
+                                              "records": records, "rejected": rejected})
         await entry.close()
         if not route:
-            raise SystemExit(f"the peers seen do not cover layers [0, {num_layers}): {view['records']}")
+            raise SystemExit(f"the verified records do not cover layers [0, {num_layers}): {records} "
+                             f"(rejected: {rejected})")
         out["route"] = [[r["peer_id"], a, b] for r, a, b in route]
         streams = []
         for record, start, end in route:
