@@ -14,7 +14,8 @@
 - `local_swarm.py`: starting real peer processes on this machine (demo, benchmarks, tests).
 - `monitor/`: the `swarm-monitor` health page.
 - `api/`: `swarm-api`, the OpenAI-compatible HTTP gateway and chat page (`make chat`).
-- `cli.py`: `swarm-peer generate`; `demo.py`: `make demo`.
+- `cli.py`: `swarm-peer generate`; `demo.py`: `make demo`; `demo_swarm.py`: the two-peer swarm
+  `make demo` and `make chat` (`api/demo.py`) both start.
 """
 
 from typing import Any

@@ -8,20 +8,21 @@ process it started, also on Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
+from client.demo_swarm import (
+    banner,
+    demo_log_dir,
+    local_demo_swarm,
+    start_demo_peers,
+    stop_like_ctrl_c_on_sigterm,
+)
+
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
-
-
-def banner(text: str) -> None:
-    print(f"\033[1m==> {text}\033[0m", file=sys.stderr, flush=True)
 
 
 def start_monitor(initial_peer: str, port: int, log_dir: Path) -> subprocess.Popen:
@@ -34,10 +35,6 @@ def start_monitor(initial_peer: str, port: int, log_dir: Path) -> subprocess.Pop
     )
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("prompt", nargs="?", default=DEFAULT_PROMPT, help="What to ask the model.")
@@ -47,25 +44,19 @@ def main() -> int:
     parser.add_argument("--stay", action="store_true",
                         help="Keep the swarm and the monitor page running after the answer, until Ctrl-C.")
     args = parser.parse_args()
-    # SIGTERM (a supervisor, `kill`, an IDE's stop button) stops the swarm exactly as Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_like_ctrl_c_on_sigterm()
 
     from client import DistributedModel
-    from client.local_swarm import LocalSwarm
     from shards.demo_model import prepare_demo_model
 
     banner("preparing SmolLM2-135M-Instruct (converted once, then cached)")
     model_path = prepare_demo_model()
-    log_dir = Path(tempfile.mkdtemp(prefix="layerswarm-demo-"))
     monitor = None
     started = time.perf_counter()
-    # One torch thread per peer: the two peers share this machine's cores instead of fighting over them.
-    with LocalSwarm(log_dir, {"OMP_NUM_THREADS": "1"}) as swarm:
+    with demo_log_dir("layerswarm-demo-", args.keep_logs) as log_dir, local_demo_swarm(log_dir) as swarm:
         try:
             banner("starting a bootstrap DHT and two peers (layers 0:15 and 15:30) on 127.0.0.1")
-            swarm.start_dht()
-            peers = [swarm.start_peer(model_path, r, "--public-name", f"demo-{r}", wait=False)
-                     for r in ("0:15", "15:30")]
+            peers = start_demo_peers(swarm, model_path, "demo")
             for peer in peers:
                 swarm.wait_online(peer)
                 print(f"    peer {peer.peer_id[-8:]} online", file=sys.stderr)
@@ -106,10 +97,6 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     monitor.kill()
             swarm.close(graceful=True)
-            if args.keep_logs:
-                print(f"    logs: {log_dir}", file=sys.stderr)
-            else:
-                shutil.rmtree(log_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -7,20 +7,16 @@ and `swarm-api` on 127.0.0.1, then waits until Ctrl-C or SIGTERM and stops every
 from __future__ import annotations
 
 import argparse
-import shutil
-import signal
 import sys
-import tempfile
 import threading
-from pathlib import Path
 
-
-def banner(text: str) -> None:
-    print(f"\033[1m==> {text}\033[0m", file=sys.stderr, flush=True)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+from client.demo_swarm import (
+    banner,
+    demo_log_dir,
+    local_demo_swarm,
+    start_demo_peers,
+    stop_like_ctrl_c_on_sigterm,
+)
 
 
 def main() -> int:
@@ -28,21 +24,18 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8000, help="Port of the gateway (API and chat page).")
     parser.add_argument("--keep-logs", action="store_true", help="Keep the processes' logs and print where.")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop works like Ctrl-C
+    stop_like_ctrl_c_on_sigterm()
 
     from client.api.process import GatewayProcess
-    from client.local_swarm import LocalSwarm
     from shards.demo_model import prepare_demo_model
 
     banner("preparing SmolLM2-135M-Instruct (converted once, then cached)")
     model_path = prepare_demo_model()
-    log_dir = Path(tempfile.mkdtemp(prefix="layerswarm-chat-"))
     gateway = None
-    with LocalSwarm(log_dir, {"OMP_NUM_THREADS": "1"}) as swarm:
+    with demo_log_dir("layerswarm-chat-", args.keep_logs) as log_dir, local_demo_swarm(log_dir) as swarm:
         try:
             banner("starting a bootstrap DHT, two peers (layers 0:15 and 15:30) and swarm-api on 127.0.0.1")
-            swarm.start_dht()
-            peers = [swarm.start_peer(model_path, r, "--public-name", f"chat-{r}", wait=False) for r in ("0:15", "15:30")]
+            peers = start_demo_peers(swarm, model_path, "chat")
             gateway = GatewayProcess(model_path, swarm.initial_peers[0], log_dir / "api.log", port=args.port)
             for peer in peers:
                 swarm.wait_online(peer)
@@ -61,10 +54,6 @@ def main() -> int:
             if gateway is not None:
                 gateway.stop()
             swarm.close(graceful=True)
-            if args.keep_logs:
-                print(f"    logs: {log_dir}", file=sys.stderr)
-            else:
-                shutil.rmtree(log_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
