@@ -1,0 +1,56 @@
+"""What `view` relays: `SwarmNode.fetch_signed_view_async` against real hivemind nodes on 127.0.0.1.
+
+Every record it keeps comes with the exact value its owner signed in the DHT (hivemind's own
+validator accepts those bytes, and refuses them with one byte changed), and nothing else does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from hivemind.dht.validation import DHTRecord
+from hivemind.utils import get_dht_time
+
+from swarm.dht import model_key
+from swarm.records import dht_key_bytes, open_signed, owner_of
+from swarm.types import LayerRange, PeerRecord
+
+
+def settle(fetch, check, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fetch()
+        if check(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
+
+
+def test_signed_view_carries_each_record_as_its_owner_signed_it(swarm_trio) -> None:
+    bootstrap, server, stranger = swarm_trio
+    model = f"signed-{uuid.uuid4().hex[:8]}"
+    key = model_key(model)
+    for node, (a, b) in ((bootstrap, (0, 4)), (server, (4, 8))):
+        assert node.announce(PeerRecord(node.peer_id, model, LayerRange(a, b), num_layers=8, throughput=5.0), ttl=30)
+    # A stranger speaks for the server, signed with its own key under the server's name: dropped.
+    lie = PeerRecord(server.peer_id, model, LayerRange(0, 8), num_layers=8, throughput=1e5).to_dict()
+    assert stranger.dht.store(key, lie, get_dht_time() + 30, subkey=stranger.signer.owned(server.peer_id))
+
+    for reader in (bootstrap, stranger):  # one stores the key, the other reads it from others
+        view, signed = settle(lambda r=reader: asyncio.run(r.fetch_signed_view_async(model)),
+                              lambda found: len(found[0].records) == 2)
+        assert set(view.records) == set(signed) == {bootstrap.peer_id, server.peer_id}
+        assert view.records[server.peer_id].throughput == 5.0  # the stranger's lie is not among them
+        assert asyncio.run(reader.fetch_view_async(model)).records == view.records
+        for peer, entry in signed.items():
+            subkey, value = open_signed(key, entry, reader.signer)
+            assert owner_of(subkey) == (peer, peer)
+            assert PeerRecord.from_dict(value) == view.records[peer]
+            stored = DHTRecord(dht_key_bytes(key), entry.subkey, entry.value, entry.expiration_time)
+            assert reader.signer.validator.validate(stored)  # hivemind's validator, on the relayed bytes
+            at = entry.value.index(b"throughput") + 11  # a byte of the signed float
+            tampered = entry.value[:at] + bytes([entry.value[at] ^ 1]) + entry.value[at + 1:]
+            assert not reader.signer.validator.validate(DHTRecord(stored.key, stored.subkey, tampered,
+                                                                  stored.expiration_time))
+            assert open_signed(model_key("another-model"), entry, reader.signer) is None
