@@ -116,14 +116,19 @@ class Message:
         return out
 
 
-# ---- requests (client -> peer) -----------------------------------------------------------------
 @dataclass(frozen=True)
-class Info(Message):
-    TYPE: ClassVar[str] = m.INFO
+class _NoFields(Message):
+    """A message that is its type alone (`info` request, `authorized`)."""
 
     @classmethod
-    def from_wire(cls, msg: dict[str, Any], limits: Limits) -> Info:
+    def from_wire(cls, msg: dict[str, Any], limits: Limits) -> _NoFields:
         return cls()
+
+
+# ---- requests (client -> peer) -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Info(_NoFields):
+    TYPE: ClassVar[str] = m.INFO
 
 
 @dataclass(frozen=True)
@@ -358,12 +363,8 @@ class ViewReply(Message):
 
 
 @dataclass(frozen=True)
-class Authorized(Message):
+class Authorized(_NoFields):
     TYPE: ClassVar[str] = m.AUTHORIZED
-
-    @classmethod
-    def from_wire(cls, msg: dict[str, Any], limits: Limits) -> Authorized:
-        return cls()
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ validator accepts those bytes, and refuses them with one byte changed), and noth
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 from hivemind.dht.validation import DHTRecord
@@ -16,15 +15,7 @@ from hivemind.utils import get_dht_time
 from swarm.dht import model_key
 from swarm.records import dht_key_bytes, open_signed, owner_of
 from swarm.types import LayerRange, PeerRecord
-
-
-def settle(fetch, check, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if check(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.2)
+from tests.test_records import settle
 
 
 def test_signed_view_carries_each_record_as_its_owner_signed_it(swarm_trio) -> None:
