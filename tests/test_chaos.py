@@ -1,7 +1,9 @@
-"""Chaos: 20 concurrent generations through 5 SmolLM2 peers while peers are killed, restarted and paused.
+"""Chaos: 12 concurrent generations through 5 SmolLM2 peers while peers are killed, restarted and paused.
 
 Every generation must complete and equal its transformers reference; afterwards every live
-peer's KV pool is back to empty and no process is left behind. Faults come from a fixed seed.
+peer's KV pool is back to empty and no process is left behind. Faults come from a fixed seed:
+MAX_FAULTS of them, kills and pauses in turn, one every 1-2.5 s while the generations run (each
+restart loads SmolLM2 again on the same 2 cores, so an unbounded monkey slows itself down).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from client import ClientConfig, DistributedModel
 from client.local_swarm import LocalSwarm, SwarmProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.demo_model]
-GENERATIONS = 20
-NEW_TOKENS = 48
+GENERATIONS = 12
+NEW_TOKENS = 32
+MAX_FAULTS = 6  # 3 kill -9 + restart, 3 pauses past the step timeout
 PROMPT_TOKENS = 12
 RANGES = ("0:15", "15:30", "0:15", "15:30", "0:30")  # every layer served at least twice
 STEP_TIMEOUT = 6.0  # a paused peer is noticed after this long
@@ -35,7 +38,7 @@ def reference_outputs(model_path: Path, prompts: torch.Tensor) -> torch.Tensor:
 
 
 class ChaosMonkey(threading.Thread):
-    """Every few seconds: kill -9 and restart, or pause past the step timeout, a random peer."""
+    """Every second or two, MAX_FAULTS times: kill -9 and restart, or pause past the step timeout, a random peer."""
 
     def __init__(self, swarm: LocalSwarm, model_path: Path, peers: list[SwarmProcess], seed: int) -> None:
         super().__init__(daemon=True)
@@ -47,7 +50,7 @@ class ChaosMonkey(threading.Thread):
 
     def run(self) -> None:
         kinds = ["kill", "pause"]
-        while not self.stop.wait(self.rng.uniform(1.5, 3.0)):
+        while len(self.faults) < MAX_FAULTS and not self.stop.wait(self.rng.uniform(1.0, 2.5)):
             index = self.rng.randrange(len(self.peers))
             victim, kind = self.peers[index], kinds[len(self.faults) % 2]  # alternate: both kinds happen
             if kind == "kill":
@@ -71,9 +74,9 @@ async def pool_state(model: DistributedModel, peer_id: str) -> tuple[int, int, i
 
 def test_generations_survive_chaos(demo_model: Path, local_swarm: LocalSwarm) -> None:
     prompts = torch.randint(100, 20000, (GENERATIONS, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
-    expected = reference_outputs(demo_model, prompts)
     local_swarm.start_dht()
     peers = [local_swarm.start_peer(demo_model, r, "--announce-ttl", "10", wait=False) for r in RANGES]
+    expected = reference_outputs(demo_model, prompts)  # while the peers load
     for peer in peers:
         local_swarm.wait_online(peer)
     config = ClientConfig(step_timeout=STEP_TIMEOUT, max_retries=10, retry_backoff=0.2)

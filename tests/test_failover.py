@@ -1,9 +1,16 @@
-"""Generation survives a peer that dies, refuses, or hangs mid-sentence, with identical output."""
+"""Generation survives a peer that dies, refuses, or hangs mid-sentence, with identical output.
+
+One twin swarm for the module (every layer range served twice, `--announce-ttl 4`): after each
+case its victim is killed and replaced by a fresh peer of the same range, and the next case waits
+until the DHT lists exactly the four live peers, so no stale record can stand in for the fault.
+"""
 
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -13,33 +20,77 @@ from transformers import AutoModelForCausalLM
 from client import ClientConfig, DistributedModel
 from client.local_swarm import LocalSwarm, SwarmProcess
 from client.session import InferenceSession
+from tests.swarm_processes import new_test_swarm
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 64
 FAULT_AT = 20
+RANGES = ("0:3", "0:3", "3:6", "3:6")  # any one peer can fail
+TTL = ("--announce-ttl", "4")  # a dead peer's record is gone within 4 s
 
 
-def start_twin_swarm(swarm: LocalSwarm, model: Path) -> dict[str, SwarmProcess]:
-    """4 peers: every layer range is served twice, so any one peer can fail."""
-    swarm.start_dht()
-    peers = [swarm.start_peer(model, layers, wait=False) for layers in ("0:3", "0:3", "3:6", "3:6")]
-    for peer in peers:
-        swarm.wait_online(peer)
-    return {p.peer_id: p for p in peers}
+@dataclass
+class TwinSwarm:
+    swarm: LocalSwarm
+    model: Path
+    peers: dict[str, tuple[SwarmProcess, str]]  # peer id -> (process, its layers)
+    victims: list[SwarmProcess] = field(default_factory=list)  # to be replaced before the next case
+
+    def heal(self) -> None:
+        """Kill each victim (dead, draining or paused) and start a peer of the same layers instead."""
+        replacements = []
+        for victim in self.victims:
+            _, layers = self.peers.pop(victim.peer_id)
+            victim.kill()
+            replacements.append((self.swarm.start_peer(self.model, layers, *TTL, wait=False), layers))
+        self.victims.clear()
+        for peer, layers in replacements:
+            self.swarm.wait_online(peer)
+            self.peers[peer.peer_id] = (peer, layers)
+
+    def wait_for_exact_records(self, model: DistributedModel, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            view = model.loop.run(model.swarm.view(fresh=True), timeout=30)
+            if set(view.records) == set(self.peers) and len(view.online()) == len(RANGES):
+                return
+            assert time.monotonic() < deadline, f"DHT shows {sorted(view.records)}, live peers {sorted(self.peers)}"
+            time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def twins(tiny_model_factory, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwinSwarm]:
+    model = tiny_model_factory("gqa", 6)
+    with new_test_swarm(tmp_path_factory.mktemp("failover")) as swarm:
+        swarm.start_dht()
+        peers = [swarm.start_peer(model, layers, *TTL, wait=False) for layers in RANGES]
+        for peer in peers:
+            swarm.wait_online(peer)
+        yield TwinSwarm(swarm, model, {p.peer_id: (p, layers) for p, layers in zip(peers, RANGES)})
+
+
+@pytest.fixture(scope="module")
+def prompt_and_expected(twins: TwinSwarm) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(3, 300, (1, 12), generator=torch.Generator().manual_seed(11))
+    reference = AutoModelForCausalLM.from_pretrained(twins.model, dtype=torch.float32).eval()
+    return ids, reference.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
 
 
 class FaultAtToken:
     """A streamer that injects `fault` into the first hop's peer when token FAULT_AT arrives."""
 
-    def __init__(self, session: InferenceSession, peers: dict[str, SwarmProcess], fault: Callable[[SwarmProcess], None]):
+    def __init__(self, session: InferenceSession, peers: dict[str, tuple[SwarmProcess, str]],
+                 fault: Callable[[SwarmProcess], None]):
         self.session, self.peers, self.fault = session, peers, fault
         self.tokens = 0
         self.victim: SwarmProcess | None = None
+        self.failovers_before = -1
 
     def put(self, value: torch.Tensor) -> None:
         self.tokens += 1
         if self.tokens == FAULT_AT + 1:  # the first put is the prompt
-            self.victim = self.peers[self.session.hops[0].peer_id]
+            self.victim = self.peers[self.session.hops[0].peer_id][0]
+            self.failovers_before = self.session.stats.failovers
             self.fault(self.victim)
 
     def end(self) -> None:
@@ -55,22 +106,23 @@ class FaultAtToken:
         pytest.param(lambda p: p.signal(signal.SIGSTOP), True, id="hang"),
     ],
 )
-def test_generation_survives_a_failing_peer(tiny_model_factory, local_swarm: LocalSwarm, fault, push: bool) -> None:
-    model_path = tiny_model_factory("gqa", 6)
-    peers = start_twin_swarm(local_swarm, model_path)
-    ids = torch.randint(3, 300, (1, 12), generator=torch.Generator().manual_seed(11))
-    reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    expected = reference.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+def test_generation_survives_a_failing_peer(twins: TwinSwarm, prompt_and_expected, fault, push: bool) -> None:
+    ids, expected = prompt_and_expected
     config = ClientConfig(step_timeout=3.0, retry_backoff=0.1)  # short timeout: "hang" fails over fast
-    model = DistributedModel.from_pretrained(model_path, local_swarm.initial_peers, config=config)
+    model = DistributedModel.from_pretrained(twins.model, twins.swarm.initial_peers, config=config)
+    injector = None
     try:
+        twins.heal()
+        twins.wait_for_exact_records(model)  # the previous case's victim has left the DHT
         with model.inference_session(max_length=128, push=push) as session:
-            injector = FaultAtToken(session, peers, fault)
+            injector = FaultAtToken(session, twins.peers, fault)
             out = model.generate(ids, max_new_tokens=NEW_TOKENS, session=session, streamer=injector)
             assert injector.victim is not None
-            assert session.stats.failovers >= 1, "the fault was never noticed"
+            assert session.stats.failovers > injector.failovers_before, "the fault was never noticed"
             assert injector.victim.peer_id not in {h.peer_id for h in session.hops}
             print(f"faults=1 failovers={session.stats.failovers} retries={session.stats.retries}")
     finally:
         model.close()
+        if injector is not None and injector.victim is not None:
+            twins.victims.append(injector.victim)  # the next case starts with four healthy peers
     assert torch.equal(out, expected)

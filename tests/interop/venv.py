@@ -3,6 +3,8 @@
 The environment is keyed by the sha256 of tests/interop/requirements.txt: editing the pins
 rebuilds it. A file lock keeps two test processes from building it at the same time.
 `python tests/interop/venv.py` builds it and prints its interpreter (stdlib only, any Python >= 3.10).
+`build_in_background()` starts that script early (tests/conftest.py does, when the interop test is
+collected), so the ~2-3 minute build on a fresh clone overlaps other tests instead of adding to them.
 """
 
 from __future__ import annotations
@@ -24,13 +26,28 @@ class InteropUnavailable(RuntimeError):
     """The environment could not be built (no package index, no wheel for this Python, ...)."""
 
 
+def _is_current(venv: Path) -> bool:
+    stamp = venv / ".requirements-sha256"
+    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+    return (venv / "bin" / "python").exists() and stamp.exists() and stamp.read_text() == digest
+
+
+def build_in_background(venv: Path = VENV) -> subprocess.Popen | None:
+    """Start building the environment in another process (None: already built). `interop_python`
+    then waits on the same lock; if this build fails it builds again and reports the error."""
+    if venv != VENV or _is_current(venv):
+        return None
+    return subprocess.Popen([sys.executable, __file__], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def interop_python(venv: Path = VENV) -> Path:
     """The interpreter of the interop environment, built first if missing or built from other pins."""
     digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
     python, stamp = venv / "bin" / "python", venv / ".requirements-sha256"
     with open(venv.with_name(venv.name + ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if python.exists() and stamp.exists() and stamp.read_text() == digest:
+        if _is_current(venv):
             return python
         shutil.rmtree(venv, ignore_errors=True)
         for command in ([sys.executable, "-m", "venv", str(venv)],
