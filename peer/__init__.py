@@ -12,7 +12,8 @@
   not the server); how many layers fit.
 - `scheduler.py`: continuous batching of many sessions' steps into one forward pass.
 - `push.py`: server-to-server push of a session's output to the next hop.
-- `view.py`: the `view` request: the records this peer sees for a model (bounded, cached DHT reads).
+- `view.py`: the `view` request: the records this peer sees for a model, as their owners signed them
+  (bounded, cached DHT reads).
 - `drain.py`: graceful departure: after announcing DRAINING, wait until other peers cover our layers.
 - `drain_cli.py`: `swarm-peer drain --pid`: signal a running peer to leave gracefully, wait until it exits.
 - `cli.py`: the `swarm-peer` command (`dht`, `serve`, `keygen`, `generate`, `quantize`, `drain`).

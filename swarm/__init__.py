@@ -9,9 +9,10 @@ Files and the concept each one owns:
   schema.py      the typed messages: one dataclass per message, from_wire (validated) / to_wire
   connection.py  PeerStream (send / recv / request / close), open_stream, serve_stream, stream_handler
                  (per-remote stream cap and frame buffer), require_auth (small first frame)
-  dht.py         SwarmNode: hivemind.DHT wrapper — announce, fetch_view, list_models, reports
+  dht.py         SwarmNode: hivemind.DHT wrapper — announce, fetch_view (+ signed values), list_models, reports
   identity.py    the node's libp2p RSA key: identity files (mode checked), peer id of a public key
-  records.py     signed records: owned subkeys, RSA signature + max-TTL validators, owner_of
+  records.py     signed records: owned subkeys, RSA signature + max-TTL validators, owner_of,
+                 SignedRecord (a value as stored, signature included) and open_signed (its check)
   lifeline.py    no orphans: the DHT child and its p2pd die with the process that started them
 
 The protocol itself (messages, limits, error codes, DHT keys, push design) is in docs/protocol.md.
