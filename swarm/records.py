@@ -113,9 +113,9 @@ def open_signed(key: str, record: SignedRecord, signer: RecordSigner) -> tuple[s
     if owner_of(subkey) is None:
         return None
     dht_record = DHTRecord(dht_key_bytes(key), record.subkey, record.value, record.expiration_time)
-    if not all(v.validate(dht_record) for v in signer.validators()):
-        return None
-    try:
+    try:  # hostile bytes must cost this one record, never raise out of the reader
+        if not all(v.validate(dht_record) for v in signer.validators()):
+            return None
         return subkey, MSGPackSerializer.loads(signer.validator.strip_value(dht_record))
     except Exception:
         return None
