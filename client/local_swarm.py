@@ -78,14 +78,22 @@ class SwarmProcess:
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
         helpers = self.descendants()
+        self.terminate()
+        return self._reap(helpers, timeout)
+
+    def terminate(self) -> None:
+        """Ask it to stop (SIGTERM: a peer drains, announces OFFLINE and exits) without waiting."""
         if self.proc.poll() is None:
             self.signal(signal.SIGCONT)  # a paused process cannot handle SIGTERM
             self.signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        code = self.proc.wait()
+
+    def _reap(self, helpers: list[psutil.Process], timeout: float) -> int:
+        """Wait up to `timeout` s for the exit (SIGKILL after), then kill what it left behind."""
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
         for helper in helpers:  # whatever the clean exit did not take down
             with contextlib.suppress(psutil.NoSuchProcess):
                 helper.kill()
@@ -154,11 +162,19 @@ class LocalSwarm:
         line = process.wait_for_line("online", timeout)
         process.peer_id = line.split()[1]
 
-    def close(self, graceful: bool = False) -> None:
-        for process in reversed(self.processes):
-            if graceful:
-                process.stop()
-            else:
+    def close(self, graceful: bool = False, timeout: float = 15.0) -> None:
+        """Stop every process: kill -9 by default; `graceful` sends all of them SIGTERM at once
+        (their drains and OFFLINE announcements overlap) and waits up to `timeout` s in total."""
+        processes = list(reversed(self.processes))
+        if graceful:
+            helpers = [p.descendants() for p in processes]
+            for process in processes:
+                process.terminate()
+            deadline = time.monotonic() + timeout
+            for process, its_helpers in zip(processes, helpers):
+                process._reap(its_helpers, max(0.1, deadline - time.monotonic()))
+        else:
+            for process in processes:
                 process.kill()
         self.processes.clear()
 
