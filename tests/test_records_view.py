@@ -7,13 +7,16 @@ validator accepts those bytes, and refuses them with one byte changed), and noth
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
+from typing import Any
 
+from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord
-from hivemind.utils import get_dht_time
+from hivemind.utils import MSGPackSerializer, get_dht_time
 
 from swarm.dht import model_key
-from swarm.records import dht_key_bytes, open_signed, owner_of
+from swarm.records import SignedRecord, dht_key_bytes, open_signed, owner_of
 from swarm.types import LayerRange, PeerRecord
 from tests.test_records import settle
 
@@ -45,3 +48,28 @@ def test_signed_view_carries_each_record_as_its_owner_signed_it(swarm_trio) -> N
             assert not reader.signer.validator.validate(DHTRecord(stored.key, stored.subkey, tampered,
                                                                   stored.expiration_time))
             assert open_signed(model_key("another-model"), entry, reader.signer) is None
+
+
+async def _plant(key: str, record: SignedRecord, _dht: Any, node: Any) -> bool:
+    """(In the DHT process.) Put a value straight into local storage, past every validator."""
+    subkey = MSGPackSerializer.loads(record.subkey)
+    return node.protocol.storage.store_subkey(DHTID.generate(source=key), subkey, record.value, record.expiration_time)
+
+
+def test_a_value_that_does_not_verify_is_never_relayed(swarm_trio) -> None:
+    """Even one that reached a reader's own storage unchecked: the reader checks again before relaying."""
+    bootstrap, server, reader = swarm_trio
+    model = f"planted-{uuid.uuid4().hex[:8]}"
+    key = model_key(model)
+    for node, (a, b) in ((bootstrap, (0, 4)), (server, (4, 8))):
+        assert node.announce(PeerRecord(node.peer_id, model, LayerRange(a, b), num_layers=8, throughput=5.0), ttl=30)
+    _, signed = settle(lambda: asyncio.run(reader.fetch_signed_view_async(model)), lambda found: len(found[1]) == 2)
+    good = signed[server.peer_id]
+    at = good.value.index(b"throughput") + 11
+    forged = SignedRecord(good.subkey, good.value[:at] + bytes([good.value[at] ^ 1]) + good.value[at + 1:],
+                          good.expiration_time + 5.0)  # newer: the DHT keeps it over the true one
+    assert reader.dht.run_coroutine(functools.partial(_plant, key, forged))
+    # hivemind's get does not check its own storage again: the plain view now holds the forgery ...
+    assert asyncio.run(reader.fetch_view_async(model)).records[server.peer_id].throughput == 5.0 * 2**16
+    view, signed = asyncio.run(reader.fetch_signed_view_async(model))
+    assert set(signed) == set(view.records) == {bootstrap.peer_id}  # ... the signed view drops it, relays nothing
