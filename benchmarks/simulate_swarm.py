@@ -38,7 +38,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from routing import DEFAULT_QUALITY, NoRouteError, choose_window, plan_move, plan_route, route_cost
+from routing import (
+    DEFAULT_QUALITY,
+    SOLE_DISCOUNT,
+    NoRouteError,
+    choose_window,
+    plan_move,
+    plan_route,
+    route_cost,
+)
 from routing.flow import max_flow_of
 from routing.spread import flow_weights
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
@@ -76,6 +84,8 @@ class SimConfig:
     drain_max_s: float = DRAIN_MAX_S
     react: bool = True  # decide at once when a layer has no ONLINE server (else wait for the period)
     redundancy_aware: bool = True  # balance on strengths (sole-served layers discounted), not throughput alone
+    sole_discount: float = SOLE_DISCOUNT  # strength of a layer with one server (1: throughput alone)
+    fast_fill: bool = True  # gaps are filled by the fastest loaders first, in parallel
 
 
 @dataclass
@@ -113,6 +123,8 @@ class SimResult:
     route_hops_mean: float | None
     route_plan_ms_mean: float | None
     routes_failed: int
+    sole_servers_mean: float  # peers that are the only staying (ONLINE, not draining) server of a layer, time mean
+    gaps_opened: int  # times some layer lost its last serving peer
     wall_s: float
     series: dict = field(default_factory=dict)
 
@@ -131,6 +143,7 @@ class _Swarm:
         self.online_n = [0] * num_layers
         self.staying_n = [0] * num_layers
         self.uncovered = num_layers
+        self.gaps_opened = 0
 
     def place(self, p: _Peer, sign: int) -> None:
         for layer in range(p.layers.start, p.layers.end):
@@ -145,6 +158,7 @@ class _Swarm:
             self.online_n[layer] = n
             self.online_thr[layer] = self.online_thr[layer] + sign * p.thr if n else 0.0
             if n == 0 and sign < 0:
+                self.gaps_opened += self.uncovered == 0
                 self.uncovered += 1
             elif n == 1 and sign > 0:
                 self.uncovered -= 1
@@ -196,7 +210,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     leave_rate = cfg.churn / per_hour  # per peer per second
 
     def admit(p: _Peer, now: float, instant: bool) -> None:
-        p.layers = choose_window(swarm.thr, p.k, counts)
+        p.layers = choose_window(swarm.thr, p.k, counts, cfg.sole_discount)
         peers[p.peer_id] = p
         swarm.place(p, +1)
         if instant:
@@ -212,14 +226,16 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.serve(p, +1)
         swarm.stay(p, +1)
 
-    def leave(p: _Peer) -> None:
-        if not p.draining:
-            swarm.place(p, -1)
+    def leave(p: _Peer, now: float) -> None:
+        """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S)."""
         if p.online:
             swarm.serve(p, -1)
             if not p.draining:
                 swarm.stay(p, -1)
         del peers[p.peer_id]
+        if not p.draining:  # a drained peer announced OFFLINE and left balancing when it started draining
+            expiring[p.peer_id] = p
+            push(now + rng.uniform(0.0, RECORD_TTL_S), "expire", p.peer_id)
 
     def try_move(p: _Peer, now: float) -> bool:
         others = swarm.thr[:]
@@ -230,7 +246,8 @@ def simulate(cfg: SimConfig) -> SimResult:
                 counted[layer] -= 1
             if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
                 others[layer] = 0.0
-        target = plan_move(others, _MinusOne(swarm.staying_n, p.layers), p.layers, p.thr, cfg.quality, counted)
+        target = plan_move(others, _MinusOne(swarm.staying_n, p.layers), p.layers, p.thr, cfg.quality, counted,
+                           discount=cfg.sole_discount)
         if target is None:
             return False
         swarm.serve(p, -1)
@@ -260,7 +277,8 @@ def simulate(cfg: SimConfig) -> SimResult:
     uncovered_time = uncovered_layer_time = 0.0
     peer_seconds = 0.0
     last = 0.0
-    series: dict[str, list[float]] = {"t_h": [], "ratio": [], "uncovered_layers": [], "migrations": []}
+    series: dict[str, list[float]] = {"t_h": [], "ratio": [], "uncovered_layers": [], "migrations": [],
+                                      "sole_layers": [], "memory_ratio": []}
     ratios: list[float] = []
     route_costs: list[float] = []
     route_hops: list[int] = []
@@ -270,6 +288,8 @@ def simulate(cfg: SimConfig) -> SimResult:
     spread_ratios: list[float] = []
     load_spreads: list[float] = []
     drain_started: dict[str, float] = {}
+    sole_counts: list[int] = []
+    expiring: dict[str, _Peer] = {}  # gone abruptly, record not yet expired
 
     while events and events[0][0] <= end:
         now, _, kind, pid, gen = heapq.heappop(events)
@@ -299,14 +319,16 @@ def simulate(cfg: SimConfig) -> SimResult:
                     push(p.drain_deadline, "drained", pid)
                     maybe_react(now, 0.0)
             else:
-                leave(p)
-                maybe_react(now, rng.uniform(0.0, RECORD_TTL_S))
+                leave(p, now)
+        elif kind == "expire":
+            swarm.place(expiring.pop(pid), -1)  # the view no longer shows it: its layers look thin
+            maybe_react(now, 0.0)
         elif kind == "drained" and p is not None and p.draining:
             if now < p.drain_deadline and not swarm.covered_without(p):
                 continue
             drains_timed_out += now >= p.drain_deadline and not swarm.covered_without(p)
             drain_s.append(now - drain_started.pop(pid))
-            leave(p)
+            leave(p, now)
         elif kind == "online" and p is not None and gen == p.generation:
             go_online(p)
             for q in [q for q in peers.values() if q.draining]:  # few at a time
@@ -317,10 +339,17 @@ def simulate(cfg: SimConfig) -> SimResult:
                 continue
             candidates = [q for q in peers.values() if q.online and not q.draining]
             rng.shuffle(candidates)
+            if cfg.fast_fill:
+                # Peers wait REACT_DELAY_PER_LAYER_S x their layers before deciding (peer/balancer.py),
+                # so the fastest loaders claim the gap, several in parallel; the rest see it taken.
+                candidates.sort(key=lambda q: q.k)
             for q in candidates:
+                if 0 not in swarm.counted:
+                    break  # every gap has a server loading it
                 if try_move(q, now):
                     migrations += 1
-                    break
+                    if not cfg.fast_fill:
+                        break
         elif kind == "balance" and p is not None:
             push(now + rng.uniform(0.5, 1.5) * cfg.balance_period_s, "balance", pid)
             if not p.online or p.draining:
@@ -335,6 +364,10 @@ def simulate(cfg: SimConfig) -> SimResult:
             series["ratio"].append(round(ratio, 4))
             series["uncovered_layers"].append(swarm.uncovered)
             series["migrations"].append(migrations)
+            series["sole_layers"].append(swarm.staying_n.count(1))
+            series["memory_ratio"].append(round(sum(q.k for q in peers.values() if not q.draining) / num_layers, 4))
+            sole_counts.append(sum(1 for q in peers.values() if q.online and not q.draining
+                                   and 1 in swarm.staying_n[q.layers.start:q.layers.end]))
         elif kind == "route":
             serving = [q for q in peers.values() if q.online]
             records = {
@@ -386,6 +419,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         route_hops_mean=mean([float(h) for h in route_hops]),
         route_plan_ms_mean=mean(plan_ms),
         routes_failed=routes_failed,
+        sole_servers_mean=mean([float(n) for n in sole_counts]) or 0.0,
+        gaps_opened=swarm.gaps_opened,
         wall_s=time.perf_counter() - wall0,
         series=series,
     )
@@ -427,11 +462,19 @@ def format_table(r: SimResult) -> str:
         ("load spread (max / mean utilisation)", "n/a" if r.load_spread_mean is None else f"{r.load_spread_mean:.2f}"),
         ("route cost s/token, hops (mean)",
          "n/a" if r.route_cost_s_mean is None else f"{r.route_cost_s_mean:.3f} s, {r.route_hops_mean:.1f} hops"),
+        ("sole servers (mean peers) / gaps opened (mean s)",
+         f"{r.sole_servers_mean:.1f} / {r.gaps_opened} ({_gap_s(r):.0f} s)"),
         ("plan_route time (mean) / failed", f"{(r.route_plan_ms_mean or 0):.1f} ms / {r.routes_failed}"),
         ("wall time", f"{r.wall_s:.1f} s"),
     ]
     width = max(len(a) for a, _ in rows)
     return "\n".join(f"{a:<{width}}  {b}" for a, b in rows)
+
+
+def _gap_s(r: SimResult) -> float:
+    """Mean seconds from a gap opening until every layer is served again."""
+    seconds = (1.0 - r.coverage_time_fraction) * r.config["hours"] * 3600.0
+    return seconds / r.gaps_opened if r.gaps_opened else 0.0
 
 
 def plot(r: SimResult, path: Path) -> None:
@@ -473,13 +516,18 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--graceful", type=float, default=0.0, help="share of departures that drain first")
     ap.add_argument("--drain-max", type=float, default=DRAIN_MAX_S, help="seconds a drain may wait")
     ap.add_argument("--no-react", action="store_true", help="peers wait for their period even when a layer has no ONLINE server")
+    ap.add_argument("--sole-discount", type=float, default=SOLE_DISCOUNT,
+                    help="strength of a layer with one server, as a share of its throughput (1: no discount)")
+    ap.add_argument("--no-fast-fill", action="store_true",
+                    help="a gap is filled by one random peer, not by the fastest loaders in parallel")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
-                    redundancy_aware=not a.throughput_only)
+                    redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
+                    fast_fill=not a.no_fast_fill)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

@@ -27,6 +27,11 @@ JITTER = 0.25
 # (its only server is draining, or vanished) is seen within seconds and decided on at once,
 # not at the next period. A draining peer waits for exactly this (peer/drain.py).
 WATCH_PERIOD_S = 5.0
+# On seeing such layers a peer waits this long per layer it holds, then decides on a fresh view.
+# Its load time grows with its layers (a move reloads them all), so the fastest loaders decide
+# first and announce JOINING there (peer/server.py migrate); the slower ones then see the layers
+# taken. 0.5 s: a DHT announcement is visible to others well within one step (4 vs 8 layers).
+REACT_DELAY_PER_LAYER_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,15 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
             continue  # the regular check will retry and log
         urgent = urgent_layers(view)
         if urgent and urgent != decided_on and placement.peer_id() in view.records:
-            logger.info("layers %d-%d have no ONLINE server (a peer is draining or gone): deciding now",
-                        urgent[0], urgent[-1])
-            return view
+            mine = placement.layers()
+            delay = REACT_DELAY_PER_LAYER_S * (len(mine) if mine is not None else 1)
+            logger.info("layers %d-%d have no ONLINE server (a peer is draining or gone): deciding now "
+                        "(in %.1f s, after faster loaders)", urgent[0], urgent[-1], delay)
+            await asyncio.sleep(delay)
+            try:
+                return await placement.fetch_view()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                return view
     return None

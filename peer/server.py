@@ -64,6 +64,7 @@ class PeerServer:
         self.migrations = 0
         self.swarm_key = SwarmKey.load(config.swarm_key) if config.swarm_key else None
         self.moving = False  # while True, new sessions are refused (they go to other peers)
+        self.loading: LayerRange | None = None  # a move's target while its weights load (announced JOINING)
 
     async def start(self) -> None:
         cfg = self.config
@@ -188,8 +189,17 @@ class PeerServer:
         swapped between two batches, and the new range is announced. The old engine is freed
         when the last reference to it goes.
         """
-        logger.info("moving from layers %s to %s", self.layers, target)
-        engine, throughput = await self._build_engine(target)
+        logger.info("moving from layers %s to %s (announced JOINING there while loading)", self.layers, target)
+        self.loading = target  # others see the target taken (routing.balance counts JOINING) while we load
+        try:
+            await self._announce()
+            engine, throughput = await self._build_engine(target)
+        except Exception:
+            self.loading = None
+            await self._announce()  # ONLINE on the old range again at once, not at the next refresh
+            raise
+        finally:
+            self.loading = None
         old, self.moving = self.layers, True
         await self.handler.fail_all("wrong_layers", f"peer moved from layers {old} to {target}; fail over")
 
@@ -219,8 +229,14 @@ class PeerServer:
 
     def record(self) -> PeerRecord:
         cfg = self.config
+        layers, state = self.layers, self.state
+        if self.loading is not None and state is PeerState.ONLINE:
+            # Moving: announce the target as JOINING so no second peer moves there meanwhile (the
+            # layers we leave keep other ONLINE servers: routing.plan_move checked). Open sessions
+            # on the old range go on until the swap.
+            layers, state = self.loading, PeerState.JOINING
         return PeerRecord(
-            peer_id=self.peer_id, model=cfg.model_name, layers=self.layers, state=self.state,
+            peer_id=self.peer_id, model=cfg.model_name, layers=layers, state=state,
             throughput=self.throughput, free_pages=self.pool.num_free, total_pages=self.pool.num_pages,
             page_size=cfg.page_size, dtype=cfg.dtype, quant=cfg.quant, version=software_version(),
             public_name=cfg.public_name, fingerprint=self.engine.fingerprint,

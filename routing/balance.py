@@ -73,7 +73,8 @@ def layer_counts(view: SwarmView, *, without: str | None = None) -> list[int]:
 
 
 def choose_window(
-    throughput: Sequence[float], num_layers: int, servers: Sequence[int] | None = None
+    throughput: Sequence[float], num_layers: int, servers: Sequence[int] | None = None,
+    discount: float = SOLE_DISCOUNT,
 ) -> LayerRange:
     """The window of `num_layers` consecutive layers that most needs another server.
 
@@ -83,7 +84,7 @@ def choose_window(
     instead of throughput. Runs in O(layers) with C-speed builtins on the common path.
     """
     if servers is not None:
-        throughput = strengths(throughput, servers)
+        throughput = strengths(throughput, servers, discount)
     total = len(throughput)
     if total == 0:
         raise ValueError("cannot choose layers of a model with 0 layers")
@@ -112,6 +113,7 @@ def plan_move(
     my_throughput: float,
     quality: float = DEFAULT_QUALITY,
     others_counted: Sequence[int] | None = None,
+    discount: float = SOLE_DISCOUNT,
 ) -> LayerRange | None:
     """Where a peer now serving `current` should move, or None to stay.
 
@@ -135,7 +137,7 @@ def plan_move(
     """
     if not 0 < quality <= 1:
         raise ValueError(f"quality must be in (0, 1], got {quality}")
-    target = choose_window(others, len(current), others_counted)
+    target = choose_window(others, len(current), others_counted, discount)
     if target == current:
         return None
     for layer in range(current.start, current.end):
@@ -148,19 +150,22 @@ def plan_move(
         before = min(others[layer] + (my_throughput if layer in mine else 0.0) for layer in touched)
         after = min(others[layer] + (my_throughput if layer in theirs else 0.0) for layer in touched)
         return target if before < quality * after else None
-    weakest_now = min(_strength(others, others_counted, layer, layer in mine, my_throughput) for layer in touched)
-    weakest_then = min(_strength(others, others_counted, layer, layer in theirs, my_throughput) for layer in touched)
+    weakest_now = min(_strength(others, others_counted, layer, layer in mine, my_throughput, discount)
+                      for layer in touched)
+    weakest_then = min(_strength(others, others_counted, layer, layer in theirs, my_throughput, discount)
+                       for layer in touched)
     return target if weakest_now < quality * weakest_then else None
 
 
-def strengths(throughput: Sequence[float], servers: Sequence[int]) -> list[float]:
-    """Per-layer throughput, a sole-served layer's at SOLE_DISCOUNT of it (0 stays 0)."""
-    return [t * SOLE_DISCOUNT if n == 1 else t for t, n in zip(throughput, servers)]
+def strengths(throughput: Sequence[float], servers: Sequence[int], discount: float = SOLE_DISCOUNT) -> list[float]:
+    """Per-layer throughput, a sole-served layer's at `discount` of it (0 stays 0)."""
+    return [t * discount if n == 1 else t for t, n in zip(throughput, servers)]
 
 
-def _strength(others: Sequence[float], counted: Sequence[int], layer: int, mine: bool, thr: float) -> float:
+def _strength(others: Sequence[float], counted: Sequence[int], layer: int, mine: bool, thr: float,
+              discount: float) -> float:
     value = others[layer] + (thr if mine else 0.0)
-    return value * SOLE_DISCOUNT if counted[layer] + mine == 1 else value
+    return value * discount if counted[layer] + mine == 1 else value
 
 
 def urgent_layers(view: SwarmView) -> list[int]:

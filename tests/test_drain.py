@@ -38,6 +38,7 @@ class CoverageWatch(threading.Thread):
         self.reads = 0
         self.gaps: list[list[int]] = []
         self.draining_seen = False
+        self.joining: set[tuple[str, LayerRange]] = set()  # (peer, layers) seen JOINING
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -47,6 +48,7 @@ class CoverageWatch(threading.Thread):
             if view.uncovered_layers():
                 self.gaps.append(view.uncovered_layers())
             self.draining_seen |= any(r.state is PeerState.DRAINING for r in view.records.values())
+            self.joining |= {(r.peer_id, r.layers) for r in view.records.values() if r.state is PeerState.JOINING}
             time.sleep(0.2)
 
 
@@ -78,7 +80,7 @@ def test_sole_server_drains_on_sigterm_mid_generation_and_no_layer_is_ever_uncov
         drainer: list[subprocess.Popen] = []
 
         class TermAt:
-            """`swarm-peer drain` the sole server at token 4; then pace the generation so it outlasts the drain."""
+            """`swarm-peer drain` the sole server at token 4; at token 19 wait until it has left (the rest fails over)."""
 
             count = 0
 
@@ -88,8 +90,8 @@ def test_sole_server_drains_on_sigterm_mid_generation_and_no_layer_is_ever_uncov
                     watch.start()
                     drainer.append(subprocess.Popen([sys.executable, "-m", "peer.cli", "drain", "--pid",
                                                      str(victim.proc.pid)], stdout=subprocess.PIPE, text=True))
-                if TermAt.count > 5 and victim.proc.poll() is None:
-                    time.sleep(0.25)
+                if TermAt.count == 20:  # hold the session open on the drainer until it has left
+                    victim.proc.wait(90)
 
             def end(self) -> None:
                 pass
@@ -111,6 +113,8 @@ def test_sole_server_drains_on_sigterm_mid_generation_and_no_layer_is_ever_uncov
         assert watch.reads >= 5 and not watch.gaps, f"layers uncovered during the drain: {watch.gaps[:3]}"
         view = node.fetch_view(name)
         assert view.records[mover.peer_id].layers == gap and "deciding now" in mover.log_text()
+        # While loading the gap's weights the mover announced them JOINING (so no second peer moves there).
+        assert (mover.peer_id, gap) in watch.joining, f"mover never seen JOINING {gap}: {watch.joining}"
         assert view.uncovered_layers() == []
         assert session.stats.failovers >= 1, "the session never moved off the draining peer"
     finally:
