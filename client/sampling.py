@@ -59,12 +59,17 @@ class TokenChooser:
 
     def choose(self, logits: torch.Tensor, token_ids: list[list[int]], generated: int) -> list[int]:
         """logits (B, V) for the last position of each sequence; token_ids: each sequence so far."""
+        masking_eos = generated < self.params.min_new_tokens and self.params.eos_token_ids
+        if not self.params.do_sample and not self.processors and not masking_eos:
+            # Plain greedy needs no history: one argmax over the batch and one device sync, instead
+            # of copying every sequence's ids to the head's device for processors that do nothing.
+            return logits.argmax(dim=-1).tolist()
         chosen = []
         for b, row in enumerate(logits):
             scores = row[None, :].float()  # (1, V), on the head's device
             ids = torch.tensor([token_ids[b]], dtype=torch.long, device=row.device)  # (1, T_b): ragged
             scores = self.processors(ids, scores)
-            if generated < self.params.min_new_tokens and self.params.eos_token_ids:
+            if masking_eos:
                 eos = torch.tensor(self.params.eos_token_ids, dtype=torch.long, device=row.device)
                 scores = scores.index_fill(1, eos, -float("inf"))  # out of place: logits may be inference tensors
             if self.params.do_sample:
