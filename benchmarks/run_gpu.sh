@@ -6,7 +6,8 @@
 #   bash benchmarks/run_gpu.sh [tests] [bench-kernels] [bench-swarm SETUPS] [bench-quant]
 #
 # Everything is written under $OUT (default benchmarks/results/gpu): test log, benchmark logs, JSON.
-# Each step has a time limit in seconds (T_TESTS, T_KERNELS, T_SWARM, T_QUANT) so one call fits a lease.
+# Each step has a time limit in seconds (T_TESTS, T_KERNELS, T_SWARM, T_QUANT) so one call fits a lease;
+# TEST_FILES picks the test files of the `tests` step (default: every GPU test file).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu}
@@ -25,9 +26,10 @@ python3 -c 'import torch, triton, transformers; print("torch", torch.__version__
 while [ $# -gt 0 ]; do
   case "$1" in
     tests)
-      timeout "${T_TESTS:-420}" python3 -m pytest -q -rs -m gpu -p no:cacheprovider -o addopts="" \
-        tests/test_gpu_serving.py tests/test_kernels_attention.py tests/test_kernels_fused.py tests/test_kernels_quant.py \
-        2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+      # -v: a step cut by its time limit still shows which tests passed.
+      timeout "${T_TESTS:-420}" python3 -m pytest -v -rs -m gpu -p no:cacheprovider -o addopts="" --durations=15 \
+        ${TEST_FILES:-tests/test_gpu_serving.py tests/test_kernels_attention.py tests/test_kernels_fused.py tests/test_kernels_quant.py} \
+        2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|s (call|setup)" | tail -80 ;;
     bench-kernels)
       timeout "${T_KERNELS:-300}" python3 benchmarks/bench_gpu.py --steps 30 --no-hf 2>&1 | tee "$OUT/bench_gpu.log" | tail -20 ;;
     bench-swarm)
