@@ -90,6 +90,11 @@ class ServingEngine:
     def device(self) -> torch.device:
         return self.shard.device
 
+    @property
+    def sliding_window(self) -> int | None:
+        """Set when every served layer slides: KV pages older than this window may be freed."""
+        return self.shard.config.common_window(self.shard.start, self.shard.end)
+
     # ------------------------------------------------------------------ compute thread
 
     def run_batch(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int], stateful: bool) -> torch.Tensor:

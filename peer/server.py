@@ -90,6 +90,7 @@ class PeerServer:
         self.pool = PagePool(self.num_pages, cfg.page_size)
         self.registry = SessionRegistry(self.pool, cfg.limits, self._copy_page)
         self.registry.fingerprint = self.engine.fingerprint
+        self.registry.window = self.engine.sliding_window  # pages that slid out of it are freed
         self.scheduler = BatchScheduler(
             self._run_batch, page_size=cfg.page_size, max_batch_tokens=cfg.max_chunk_tokens,
             batch_window=cfg.batch_window, enabled=cfg.batching,
@@ -209,6 +210,7 @@ class PeerServer:
         await self.scheduler.run_exclusive(swap)
         self.layers, self.throughput = target, throughput
         self.registry.fingerprint = engine.fingerprint  # prefix hashes of the old layers never match again
+        self.registry.window = engine.sliding_window
         self.handler.page_outputs = engine.page_outputs
         self.handler.served.layers = target
         self.moving = False

@@ -17,6 +17,13 @@ poison nobody but the sender.
 Quota: one client (remote peer id) holds at most `max_client_pages_fraction` of the pool over
 all its sessions; past it a step is refused at once (`busy`, retryable: route elsewhere) instead
 of waiting, since only that client's own sessions could free its pages.
+
+Sliding windows: when every served layer slides (`window` is set), each step first frees the
+pages whose keys are older than the window as seen from the sequence's current length (no
+query of this step or later reads them), so a long sequence holds about `window` tokens of
+pages. A truncate back to the start of the latest step or later (what speculative decoding
+does) therefore always works; a deeper one that would need freed keys is refused with a
+retryable `out_of_order` error, on which the client replays the history elsewhere.
 """
 
 from __future__ import annotations
@@ -82,6 +89,8 @@ class SessionRegistry:
         self.prefix = PrefixCache(pool)
         self.copy_page = copy_page
         self.fingerprint = ""  # of the served weights; set by the server (and after a move)
+        self.window: int | None = None  # every served layer slides by at most this; set with the fingerprint
+        self.peak_used_pages = 0  # high-water mark of pages in use, for `info`
         self.sessions: dict[str, PeerSession] = {}
         self._per_remote: Counter[str] = Counter()
         self._pages_freed = asyncio.Condition()
@@ -136,7 +145,7 @@ class SessionRegistry:
 
     def client_pages(self, remote: str) -> set[int]:
         """The distinct pages referenced by a client's sessions (its own shared prefix pages count once)."""
-        return {p for s in self.sessions.values() if s.remote == remote for t in s.tables for p in t.pages}
+        return {p for s in self.sessions.values() if s.remote == remote for t in s.tables for p in t.held}
 
     def _shareable(self, session: PeerSession, token_ids: list[list[int]] | None) -> list[list[int]]:
         """Per sequence, the cached pages this step's new tokens can attach (a run from the start)."""
@@ -182,6 +191,8 @@ class SessionRegistry:
         ps = self.pool.page_size
         deadline = time.monotonic() + timeout
         async with self._pages_freed:
+            if self._drop_slid_out(session):
+                self._pages_freed.notify_all()
             while True:
                 hits = self._shareable(session, token_ids)  # again after each wait: pages may be evicted
                 revived = {p for pages in hits for p in pages if self.pool.refcount(p) == 0}
@@ -208,11 +219,19 @@ class SessionRegistry:
                 table.attach(self.pool, shared)
                 ok = table.reserve(self.pool, target)
                 assert ok, "pages were counted free just before"  # single-threaded: cannot race
+        self.peak_used_pages = max(self.peak_used_pages, self.pool.num_pages - self.pool.num_free)
         cached = [len(h) * ps for h in hits]
         self.prefix.hits += sum(len(h) for h in hits)
         self.prefix_tokens += sum(cached)
         session.last_active = time.monotonic()
         return Reservation(old, cached, hits)
+
+    def _drop_slid_out(self, session: PeerSession) -> int:
+        """Free every page whose keys all lie before the window of a query at the current length."""
+        if self.window is None:
+            return 0
+        # A query at position q reads keys q - window < j <= q (the mask in `shards.batch`).
+        return sum(t.drop_before(self.pool, t.length - self.window + 1) for t in session.tables)
 
     def commit(self, session: PeerSession, token_ids: list[list[int]] | None) -> None:
         """A step succeeded: extend the token record and register the full pages it completed.
@@ -254,6 +273,14 @@ class SessionRegistry:
         for table in session.tables:
             if length > table.length:
                 raise ProtocolError("bad_field", f"cannot truncate to {length}: sequence has {table.length} tokens")
+            kept_from = table.dropped * self.pool.page_size  # first position whose keys are still held
+            if length and self.window is not None and length - self.window + 1 < kept_from:
+                raise ProtocolError(  # a failover code: the client replays the history elsewhere
+                    "out_of_order",
+                    f"cannot truncate to {length}: keys before position {kept_from} slid out of the "
+                    f"{self.window}-token window and were freed; replay the history into a new session",
+                    retryable=True,
+                )
         ps = self.pool.page_size
         for i, table in enumerate(session.tables):
             if length % ps and length < table.length:
@@ -321,6 +348,7 @@ class SessionRegistry:
             "prefix_hits_pages": self.prefix.hits,
             "prefix_tokens": self.prefix_tokens,
             "evictions": pool.evictions,
+            "peak_used_pages": self.peak_used_pages,
         }
 
     async def _notify(self) -> None:

@@ -104,6 +104,8 @@ class BatchLayout:
             # Padded page table (B, P): position j of sequence b is slot table[b, j // ps] * ps + j % ps.
             P = max(len(p) for p in self.page_tables)
             table = torch.tensor([p + [0] * (P - len(p)) for p in self.page_tables], dtype=torch.long)  # (B, P)
+            # Pages dropped after sliding out of the window (DROPPED = -1) read page 0: the window mask hides them.
+            table = table.clamp(min=0)
             ps = self.page_size
             key_slots = table[:, key_pos // ps] * ps + key_pos % ps  # (B, L)
             slots = key_slots[seq_of_row, positions]  # (N,)

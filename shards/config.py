@@ -82,6 +82,12 @@ class ModelConfig:
             return None
         return self.sliding_window
 
+    def common_window(self, start: int, end: int) -> int | None:
+        """The window every layer of [start, end) slides by (the largest, if they differ), or None
+        when any of them is global: keys older than it are never read again by these layers."""
+        windows = [self.window(layer) for layer in range(start, end)]
+        return None if not windows or None in windows else max(w for w in windows if w is not None)
+
     def is_moe_layer(self, layer: int) -> bool:
         return self.num_experts > 0 and layer not in self.dense_layers
 

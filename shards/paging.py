@@ -9,6 +9,10 @@ Pages are reference counted so full pages of a common prefix can be shared betwe
 unless it was marked `cacheable` (it holds a complete, reusable prefix page): then it waits in
 an LRU list of *evictable* pages. Evictable pages count as free (`num_free`) and are handed out
 only when no never-used or plainly freed page is left, least recently used first.
+
+Sliding windows: when every served layer attends only to the last `window` keys, a sequence's
+pages that hold nothing but older keys are freed (`PageTable.drop_before`). Their entries stay
+in the table as `DROPPED`, so `pages[t // page_size]` stays position-correct.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+DROPPED = -1  # page table entry of a freed page whose keys slid out of every layer's window
 
 
 class PagePool:
@@ -125,8 +131,14 @@ class PagePool:
 class PageTable:
     """Pages of one sequence and how many tokens it holds."""
 
-    pages: list[int] = field(default_factory=list)
+    pages: list[int] = field(default_factory=list)  # leading entries may be DROPPED
     length: int = 0
+    dropped: int = 0  # how many leading entries of `pages` are DROPPED
+
+    @property
+    def held(self) -> list[int]:
+        """The page ids this table holds a reference to (not the DROPPED ones)."""
+        return self.pages[self.dropped :]
 
     def pages_needed(self, new_length: int, page_size: int) -> int:
         """Extra pages required so the table can hold new_length tokens (0 if it already can)."""
@@ -154,15 +166,35 @@ class PageTable:
         self.pages.extend(shared)
         self.length += len(shared) * pool.page_size
 
+    def drop_before(self, pool: PagePool, position: int) -> int:
+        """Free the pages holding only tokens before `position` (slid out of every window); how many."""
+        n = min(max(position, 0) // pool.page_size, len(self.pages))
+        if n <= self.dropped:
+            return 0
+        freed = self.pages[self.dropped : n]
+        pool.free(freed)
+        self.pages[self.dropped : n] = [DROPPED] * len(freed)
+        self.dropped = n
+        return len(freed)
+
     def truncate(self, pool: PagePool, new_length: int) -> None:
-        """Drop tokens past new_length (rejected speculative tokens), releasing pages left empty."""
+        """Drop tokens past new_length (rejected speculative tokens), releasing pages left empty.
+
+        The page that would take the next token must not be DROPPED (its earlier tokens are gone):
+        ValueError. Whether the keys a later query needs are still held is the caller's check
+        (it knows the window; see `SessionRegistry.truncate`).
+        """
         if not 0 <= new_length <= self.length:
             raise ValueError(f"truncate({new_length}) outside [0, {self.length}]")
-        keep = -(-new_length // pool.page_size)
+        ps = pool.page_size
+        if new_length % ps and new_length // ps < self.dropped:
+            raise ValueError(f"truncate({new_length}) into a page that slid out of the window and was freed")
+        keep = -(-new_length // ps)
         # Last page first: of a cached prefix chain, the deepest pages become least recently used
         # and are evicted first (a chain is only looked up from its start).
-        pool.free(reversed(self.pages[keep:]))
+        pool.free(reversed(self.pages[max(keep, self.dropped) :]))
         del self.pages[keep:]
+        self.dropped = min(self.dropped, keep)
         self.length = new_length
 
     def release(self, pool: PagePool) -> None:

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from shards import PagePool, PageTable
+from shards.paging import DROPPED
 
 
 def test_fresh_pool_hands_out_lowest_ids_first() -> None:
@@ -65,12 +66,41 @@ def test_page_table_reserve_truncate_release() -> None:
         t.truncate(pool, 3)
 
 
+def test_pages_that_slid_out_of_the_window_are_freed_and_the_table_stays_positional() -> None:
+    pool = PagePool(6, page_size=4)
+    t = PageTable()
+    assert t.reserve(pool, 14) and t.pages == [0, 1, 2, 3]
+    assert t.drop_before(pool, 7) == 1  # page 0 holds positions 0..3 only; page 1 still holds 4..6
+    assert t.pages == [DROPPED, 1, 2, 3] and t.held == [1, 2, 3] and t.dropped == 1 and pool.num_free == 3
+    assert t.drop_before(pool, 7) == 0 and t.drop_before(pool, -5) == 0  # nothing more to free
+    assert t.drop_before(pool, 12) == 2 and t.pages == [DROPPED] * 3 + [3] and pool.num_free == 5
+    assert t.reserve(pool, 20) and t.pages == [DROPPED] * 3 + [3, 4]  # growth appends: page of t is pages[t // 4]
+    with pytest.raises(ValueError, match="slid out"):
+        t.truncate(pool, 10)  # the next token would go into freed page 2
+    assert t.pages == [DROPPED] * 3 + [3, 4] and t.length == 20  # the refused call changed nothing
+    t.truncate(pool, 13)
+    assert t.pages == [DROPPED] * 3 + [3] and t.dropped == 3 and pool.num_free == 5
+    t.truncate(pool, 8)  # at a page boundary: the next token takes a fresh page
+    assert t.pages == [DROPPED] * 2 and t.dropped == 2 and pool.num_free == 6
+    t.release(pool)
+    assert t.pages == [] and t.dropped == 0 and pool.num_free == 6
+
+
+def test_dropping_a_shared_page_keeps_it_for_the_other_sequence() -> None:
+    pool = PagePool(4, page_size=4)
+    a, b = PageTable(), PageTable()
+    assert a.reserve(pool, 8)
+    b.attach(pool, a.pages[:1])
+    assert a.drop_before(pool, 8) == 2
+    assert pool.refcount(0) == 1 and b.held == [0] and pool.num_free == 3
+
+
 def test_random_churn_never_leaks() -> None:
     rng = random.Random(0)
     pool = PagePool(40, page_size=4)
     open_tables: list[PageTable] = []
     for _ in range(1000):
-        op = rng.choice(["open", "grow", "truncate", "close"])
+        op = rng.choice(["open", "grow", "truncate", "close", "slide"])
         if op == "open":
             t = PageTable()
             if t.reserve(pool, rng.randint(1, 30)):
@@ -84,15 +114,20 @@ def test_random_churn_never_leaks() -> None:
                 if not t.reserve(pool, t.length + rng.randint(1, 20)):
                     assert (t.pages, t.length, pool.num_free) == before
             elif op == "truncate":
-                t.truncate(pool, rng.randint(0, t.length))
+                length = rng.randint(0, t.length)
+                if length % 4 == 0 or length // 4 >= t.dropped:  # never into a freed page
+                    t.truncate(pool, length)
+            elif op == "slide":
+                t.drop_before(pool, t.length - rng.randint(1, 12))
             else:
                 t.release(pool)
                 open_tables.remove(t)
-        used = [p for t in open_tables for p in t.pages]
+        used = [p for t in open_tables for p in t.held]
         assert len(used) == len(set(used))  # no page owned twice
         assert pool.num_free + len(used) == pool.num_pages
         for t in open_tables:
             assert len(t.pages) == -(-t.length // pool.page_size)
+            assert t.pages[: t.dropped] == [DROPPED] * t.dropped and DROPPED not in t.held
     for t in open_tables:
         t.release(pool)
     assert pool.num_free == pool.num_pages
