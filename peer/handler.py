@@ -290,7 +290,7 @@ class StreamHandler:
                           new_tokens=new_tokens, positions=positions,
                           token_ids=token_ids, next=tuple(rest) or None)  # token_ids: the next hop shares prefixes too
             try:
-                await self.push_links.send(session.session_id, peer_id, pushed)
+                await self.push_links.send(session.session_id, peer_id, pushed, hidden=encoded)
             except Exception as e:  # the client replaces the downstream hop
                 raise ProtocolError(
                     "push_failed", f"step {step_id}: could not push to {peer_id}: {e}", retryable=True

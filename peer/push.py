@@ -37,8 +37,11 @@ class PushLinks:
         self._links: dict[str, _Link] = {}  # upstream session id -> link to its next hop
         self.pushes = 0
 
-    async def send(self, session_id: str, peer_id: str, push: Push) -> None:
-        """Push one step of upstream session `session_id` to `peer_id` (a link is opened on first use)."""
+    async def send(self, session_id: str, peer_id: str, push: Push, hidden: dict[str, Any] | None = None) -> None:
+        """Push one step of upstream session `session_id` to `peer_id` (a link is opened on first use).
+
+        `hidden`: `push.hidden` already encoded (the same output went to the client as `result`).
+        """
         link = self._links.get(session_id)
         if link is None or link.drain_task.done() or link.stream.remote_peer_id != peer_id:
             if link is not None:
@@ -46,7 +49,8 @@ class PushLinks:
             stream = await asyncio.wait_for(open_stream(self._p2p, peer_id, self._limits, swarm_key=self._swarm_key), self._timeout)
             link = _Link(stream, asyncio.get_running_loop().create_task(self._drain(stream)))
             self._links[session_id] = link
-        await asyncio.wait_for(link.stream.send(push.to_wire()), self._timeout)
+        msg = push.to_wire({"hidden": hidden} if hidden is not None else None)
+        await asyncio.wait_for(link.stream.send(msg), self._timeout)
         self.pushes += 1
 
     async def _drain(self, stream: PeerStream) -> None:

@@ -11,6 +11,7 @@ tests/test_swarm_schema.py checks that both agree.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any, ClassVar
 
@@ -102,14 +103,16 @@ class Message:
 
     TYPE: ClassVar[str]
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self, encoded: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The frame's dict. `encoded`: tensor fields already encoded (`encode_tensor`), taken as they are:
+        a peer sends one output both as its `result` and in a `push`, and encodes (copies) it once."""
         out: dict[str, Any] = {"type": self.TYPE}
         for f in fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             if value is None:
                 continue
             if isinstance(value, torch.Tensor):
-                value = encode_tensor(value)
+                value = encoded[f.name] if encoded and f.name in encoded else encode_tensor(value)
             elif isinstance(value, tuple):
                 value = [list(v) if isinstance(v, tuple) else asdict(v) if is_dataclass(v) else v for v in value]
             out[f.name] = value

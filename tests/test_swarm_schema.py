@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from swarm import schema as s
-from swarm.codec import Limits, decode_message, encode_message
+from swarm.codec import Limits, decode_message, encode_message, encode_tensor
 from swarm.errors import ProtocolError
 from swarm.messages import ERROR_CODES, REPLY_TYPES, REQUEST_TYPES
 from swarm.records import SignedRecord
@@ -82,6 +82,15 @@ def test_round_trips() -> None:
         assert type(back) is type(reply)
         if not isinstance(reply, s.Result):
             assert back == reply
+
+
+def test_an_encoded_tensor_is_sent_as_it_is() -> None:
+    """A peer's output goes out as `result` and in a `push`: encoded (copied) once, not twice."""
+    hidden = torch.randn(2, 4)
+    encoded = encode_tensor(hidden)
+    push = s.Push("sess", "t" * 16, 1, hidden, [2], [0])
+    assert push.to_wire({"hidden": encoded})["hidden"] is encoded
+    assert push.to_wire()["hidden"] == encoded and push.to_wire()["hidden"] is not encoded
 
 
 def test_unknown_fields_are_tolerated() -> None:
