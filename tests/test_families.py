@@ -176,3 +176,35 @@ def test_two_peers_generate_like_transformers(tiny_model_factory, dht_swarm: Loc
         assert after - before >= 8, "the third prompt reused the two cached prefix pages"
     else:  # dynamic / longrope RoPE: a page's keys depend on the sequence's length, so peers never share them
         assert after == before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["mistral_window", "gemma3"])
+def test_long_context_past_many_windows_keeps_pages_bounded(tiny_model_factory, dht_swarm: LocalSwarm,
+                                                            family: str) -> None:
+    """50 positions (six windows of 8) through two peers, pages of 4 tokens: greedy tokens equal
+    transformers', and a peer whose layers all slide (mistral 0:2 and 2:4; gemma3 0:2) never held
+    more than the window's pages, while gemma3's 2:4 (a global layer) keeps every page."""
+    path = tiny_model_factory(family)
+    ranges = ("0:2", "2:4")
+    peers = [dht_swarm.start_peer(path, r, "--page-size", "4", wait=False) for r in ranges]
+    for p in peers:
+        dht_swarm.wait_online(p)
+    prompt = prompts_for(320, [10])[0]
+    remote = DistributedModel.from_pretrained(path, dht_swarm.initial_peers)
+    try:
+        got = remote.generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40)[0, len(prompt) :]
+        peaks = {r: remote.loop.run(remote.swarm.peer_info(p.peer_id), timeout=40)["stats"]["peak_used_pages"]
+                 for r, p in zip(ranges, peers)}
+    finally:
+        remote.close()
+        for p in peers:
+            p.kill()
+    want = reference(path).generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40, do_sample=False)
+    assert got.tolist() == want[0, len(prompt) :].tolist()
+    window_pages = 8 // 4 + 1  # the pages a query's 8 keys can touch
+    assert peaks["0:2"] <= window_pages
+    if family == "gemma3":
+        assert peaks["2:4"] >= 12, "layer 2 is global: the peer keeps all 49 positions (13 pages)"
+    else:
+        assert peaks["2:4"] <= window_pages
