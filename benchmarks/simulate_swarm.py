@@ -18,10 +18,14 @@ departures drain (swarm-peer drain / SIGTERM): the peer turns DRAINING, leaves b
 counts but keeps serving until every layer it holds has another ONLINE server or
 `drain_max_s` passes. The rest are abrupt (a crash, a closed laptop).
 
-Reaction: peers re-read the DHT every WATCH_PERIOD_S and decide at once (routing.urgent_layers)
-when some layer has no ONLINE server: a DRAINING sole server, or a gap an abrupt departure
-left once its record expired (RECORD_TTL_S). The first peer (random order) whose plan_move
-says move, moves; the others then see the layers taken.
+Joins are flow-aware (routing.choose_layers): the window holds the max flow's bottleneck layer.
+An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
+until it expires, up to RECORD_TTL_S later. Reaction: peers re-read the DHT every
+WATCH_PERIOD_S and decide at once (routing.urgent_layers) when some layer has no ONLINE
+server: a DRAINING sole server, or a gap whose record expired. Peers wait in proportion to
+their layers first (peer/balancer.py REACT_DELAY_PER_LAYER_S), so the fastest loaders move
+first, in parallel while gaps are left; a moving peer counts as JOINING on its target (as
+peer/server.py announces it), so the others see the layers taken.
 
 The model has num_layers = sum(k) / redundancy layers, so `redundancy` is how many times
 the swarm's memory could hold the model.
@@ -38,6 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from benchmarks.sim_optimum import ordered_placement
 from routing import (
     DEFAULT_QUALITY,
     SOLE_DISCOUNT,
@@ -47,7 +52,7 @@ from routing import (
     plan_route,
     route_cost,
 )
-from routing.flow import max_flow_of
+from routing.flow import bottleneck_layer, max_flow_of
 from routing.spread import flow_weights
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
@@ -85,6 +90,7 @@ class SimConfig:
     react: bool = True  # decide at once when a layer has no ONLINE server (else wait for the period)
     redundancy_aware: bool = True  # balance on strengths (sole-served layers discounted), not throughput alone
     sole_discount: float = SOLE_DISCOUNT  # strength of a layer with one server (1: throughput alone)
+    flow_join: bool = True  # joiners take a window holding the max flow's bottleneck (routing.flow)
     fast_fill: bool = True  # gaps are filled by the fastest loaders first, in parallel
 
 
@@ -123,6 +129,7 @@ class SimResult:
     route_hops_mean: float | None
     route_plan_ms_mean: float | None
     routes_failed: int
+    ordered_vs_bound: float  # max flow of benchmarks.sim_optimum.ordered_placement of the initial peers / bound
     sole_servers_mean: float  # peers that are the only staying (ONLINE, not draining) server of a layer, time mean
     gaps_opened: int  # times some layer lost its last serving peer
     wall_s: float
@@ -198,6 +205,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     swarm = _Swarm(num_layers)
     counts = swarm.counted if cfg.redundancy_aware else None
     peers: dict[str, _Peer] = {}
+    expiring: dict[str, _Peer] = {}  # gone abruptly, record not yet expired
     events: list[tuple[float, int, str, str, int]] = []
     seq = 0
 
@@ -210,7 +218,11 @@ def simulate(cfg: SimConfig) -> SimResult:
     leave_rate = cfg.churn / per_hour  # per peer per second
 
     def admit(p: _Peer, now: float, instant: bool) -> None:
-        p.layers = choose_window(swarm.thr, p.k, counts, cfg.sole_discount)
+        bottleneck = None
+        if cfg.flow_join:
+            placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
+            bottleneck = bottleneck_layer(placed, num_layers) if placed else None
+        p.layers = choose_window(swarm.thr, p.k, counts, cfg.sole_discount, bottleneck)
         peers[p.peer_id] = p
         swarm.place(p, +1)
         if instant:
@@ -262,6 +274,9 @@ def simulate(cfg: SimConfig) -> SimResult:
         if cfg.react and 0 in swarm.staying_n:
             push(now + delay + rng.uniform(0.0, WATCH_PERIOD_S), "react")
 
+    # The optimum lies between this placement's max flow and the capacity bound (docs/balancing.md).
+    ordered_vs_bound = ordered_placement([(p.k, p.k * p.thr) for p in initial], num_layers)[0] / (
+        sum(p.k * p.thr for p in initial) / num_layers)
     for p in initial:  # a warm swarm: the first peers are already loaded at t = 0
         admit(p, 0.0, instant=True)
     next_index = cfg.peers
@@ -289,7 +304,6 @@ def simulate(cfg: SimConfig) -> SimResult:
     load_spreads: list[float] = []
     drain_started: dict[str, float] = {}
     sole_counts: list[int] = []
-    expiring: dict[str, _Peer] = {}  # gone abruptly, record not yet expired
 
     while events and events[0][0] <= end:
         now, _, kind, pid, gen = heapq.heappop(events)
@@ -419,6 +433,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         route_hops_mean=mean([float(h) for h in route_hops]),
         route_plan_ms_mean=mean(plan_ms),
         routes_failed=routes_failed,
+        ordered_vs_bound=ordered_vs_bound,
         sole_servers_mean=mean([float(n) for n in sole_counts]) or 0.0,
         gaps_opened=swarm.gaps_opened,
         wall_s=time.perf_counter() - wall0,
@@ -459,6 +474,7 @@ def format_table(r: SimResult) -> str:
         ("drain time (mean)", "n/a" if r.drain_s_mean is None else f"{r.drain_s_mean:.0f} s"),
         ("max flow / bound; spread routes / bound", "n/a" if r.flow_vs_bound_mean is None else
          f"{r.flow_vs_bound_mean:.1%}; {r.spread_vs_bound_mean:.1%}"),
+        ("optimum bracket (one-pass placement / bound, t=0)", f"[{r.ordered_vs_bound:.1%}, 100%]"),
         ("load spread (max / mean utilisation)", "n/a" if r.load_spread_mean is None else f"{r.load_spread_mean:.2f}"),
         ("route cost s/token, hops (mean)",
          "n/a" if r.route_cost_s_mean is None else f"{r.route_cost_s_mean:.3f} s, {r.route_hops_mean:.1f} hops"),
@@ -518,6 +534,8 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--no-react", action="store_true", help="peers wait for their period even when a layer has no ONLINE server")
     ap.add_argument("--sole-discount", type=float, default=SOLE_DISCOUNT,
                     help="strength of a layer with one server, as a share of its throughput (1: no discount)")
+    ap.add_argument("--no-flow-join", action="store_true",
+                    help="joiners take the weakest window, not one holding the max flow's bottleneck")
     ap.add_argument("--no-fast-fill", action="store_true",
                     help="a gap is filled by one random peer, not by the fastest loaders in parallel")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
@@ -527,7 +545,7 @@ def main(argv: list[str] | None = None) -> SimResult:
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
-                    fast_fill=not a.no_fast_fill)
+                    fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

@@ -8,14 +8,15 @@ Only `swarm.types` is imported from the rest of the project.
              covering a span of layers (shortest path over layer boundaries).
 - bans.py    BanList: peers that failed recently, exponential backoff; its penalties()
              feed plan_route(banned=...).
-- balance.py layer_throughput, layer_counts, layer_servers, choose_layers, should_move,
+- balance.py layer_throughput, layer_counts, layer_servers, choose_layers (flow-aware), should_move,
              urgent_layers, covered_without, possible_takers (array-level forms:
              choose_window, plan_move): which layers a peer should serve (sole-served layers
              discounted); when to decide at once; when a draining peer may leave.
 - spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
              parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
-             (exact max flow on the layer graph), the optimum placement and routing aim at.
+             (exact max flow on the layer graph), the optimum placement and routing aim at;
+             bottleneck_layer: where it runs dry (choose_layers joins there).
 """
 
 from routing.balance import (

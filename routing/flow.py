@@ -30,6 +30,9 @@ from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 # Bisection stops when the bracket is this small relative to the answer: far below any
 # throughput difference that matters, and ~40 iterations from the initial bracket.
 RELATIVE_TOLERANCE = 1e-9
+# bottleneck_layer probes the flow this much above the maximum: far above the bisection's
+# tolerance (so the probe surely fails), small enough to fail at the binding layer.
+BOTTLENECK_MARGIN = 1e-3
 
 
 def peer_capacities(view: SwarmView, states: Iterable[PeerState] = (PeerState.ONLINE,)) -> list[tuple[LayerRange, float]]:
@@ -47,30 +50,44 @@ def peer_capacities(view: SwarmView, states: Iterable[PeerState] = (PeerState.ON
 
 def feasible(placement: list[tuple[LayerRange, float]], num_layers: int, flow: float) -> bool:
     """Can `placement` ((layers, layer-tokens/s) per peer) carry `flow` tokens/s through every layer?"""
+    return flow <= 0 or _first_short_layer(placement, num_layers, flow) is None
+
+
+def bottleneck_layer(placement: list[tuple[LayerRange, float]], num_layers: int) -> int | None:
+    """Where the placement runs dry: the first layer the greedy cannot feed just above the max flow.
+
+    Capacity added to a window holding this layer raises the max flow; elsewhere it may not.
+    None when some layer is uncovered (then the gaps come first) or nobody serves.
+    """
+    flow = max_flow_of(placement, num_layers)
     if flow <= 0:
-        return True
+        return None
+    return _first_short_layer(placement, num_layers, flow * (1 + BOTTLENECK_MARGIN))
+
+
+def _first_short_layer(placement: list[tuple[LayerRange, float]], num_layers: int, flow: float) -> int | None:
+    """feasible()'s greedy, returning the first layer it cannot feed (None: it feeds them all)."""
     starting: list[list[tuple[int, float]]] = [[] for _ in range(num_layers)]
     for layers, capacity in placement:
         if capacity > 0:
             starting[layers.start].append((layers.end, capacity))
     open_peers: list[list[float]] = []  # heap of [end, remaining capacity]
-    slack = flow * RELATIVE_TOLERANCE * 1e-3  # float residue, far below the bisection tolerance
     for layer in range(num_layers):
         for end, capacity in starting[layer]:
             heapq.heappush(open_peers, [end, capacity])
         need = flow
-        while need > slack:
+        while need > flow * RELATIVE_TOLERANCE * 1e-3:  # float residue, far below the bisection tolerance
             while open_peers and open_peers[0][0] <= layer:
                 heapq.heappop(open_peers)  # ended before this layer: its rest is lost
             if not open_peers:
-                return False
+                return layer
             top = open_peers[0]
             take = min(top[1], need)
             need -= take
             top[1] -= take
             if top[1] <= 0:
                 heapq.heappop(open_peers)
-    return True
+    return None
 
 
 def max_flow_of(placement: list[tuple[LayerRange, float]], num_layers: int) -> float:

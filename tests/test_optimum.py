@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from benchmarks.sim_optimum import best_placement
-from routing.flow import capacity_bound, feasible, max_flow_of, max_flow_throughput
+from benchmarks.sim_optimum import best_placement, ordered_placement
+from routing.flow import bottleneck_layer, capacity_bound, feasible, max_flow_of, max_flow_throughput
 from swarm.types import LayerRange, PeerState
 from tests.routing_helpers import rec, view
 
@@ -107,3 +107,16 @@ def test_best_placement_equals_brute_force_on_small_swarms(seed: int) -> None:
     assert opt.best == pytest.approx(expected, rel=1e-6, abs=1e-9)
     assert opt.bound >= opt.best - 1e-9
     assert max_flow_of(list(zip(opt.placement, (c for _, c in peers))), num_layers) == pytest.approx(opt.best)
+    # The one-pass placement (the lower bound used where a MILP is too big) is a real placement.
+    flow, placement = ordered_placement(peers, num_layers)
+    assert [len(r) for r in placement] == [min(k, num_layers) for k, _ in peers]
+    assert flow == pytest.approx(max_flow_of(list(zip(placement, (c for _, c in peers))), num_layers))
+    assert flow <= expected * (1 + 1e-6)
+
+
+def test_bottleneck_layer_is_where_the_greedy_runs_dry() -> None:
+    # 0:2 has 10 + 10 per layer to spare, 2:4 one peer of capacity 4: the flow is 2, short at 3.
+    placement = [(LayerRange(0, 2), 20.0), (LayerRange(0, 2), 20.0), (LayerRange(2, 4), 4.0)]
+    assert max_flow_of(placement, 4) == pytest.approx(2.0)
+    assert bottleneck_layer(placement, 4) == 3
+    assert bottleneck_layer([(LayerRange(0, 2), 4.0)], 4) is None  # uncovered layers: no flow

@@ -21,6 +21,7 @@ from routing import (
     strengths,
     urgent_layers,
 )
+from routing.flow import bottleneck_layer, max_flow_throughput, peer_capacities
 from swarm.types import LayerRange, PeerState
 from tests.routing_helpers import rec, view
 
@@ -51,8 +52,9 @@ def test_choose_layers_goes_to_the_thin_spot() -> None:
     v = view(8, rec("a", "0:8", 10.0), rec("b", "0:3", 10.0), rec("c", "5:8", 3.0))
     # Throughput per layer: 20 20 20 10 10 13 13 13 -> the minimum is at 3-4.
     assert layer_throughput(v) == [20, 20, 20, 10, 10, 13, 13, 13]
-    assert choose_layers(v, 2) == LayerRange(3, 5)
-    assert choose_layers(v, 3) == LayerRange(3, 6)  # contains the minimum, lowest total
+    thr, counts = layer_throughput(v), layer_counts(v)
+    assert choose_window(thr, 2, counts) == LayerRange(3, 5)
+    assert choose_window(thr, 3, counts) == LayerRange(3, 6)  # contains the minimum, lowest total
     assert choose_window([5.0, 1.0, 5.0, 1.0, 5.0], 1) == LayerRange(1, 2)  # tie: lowest start
 
 
@@ -159,12 +161,30 @@ def test_choose_window_matches_brute_force_ranking(throughput, k) -> None:
     assert choose_window(throughput, k) == LayerRange(best, best + k)
 
 
+def test_choose_layers_joins_where_the_max_flow_is_short_not_at_the_weakest_layer() -> None:
+    # Two parts: 0:4 held by p1 alone (max flow 20 / 4 = 5), 4:8 by p2 (4:6) and p3 (4:8), which
+    # carry 5.5 together. The weakest layers by strength are 6:8 (p3 alone, 4 tokens/s), but
+    # capacity there leaves the max flow at 5; the bottleneck is in 0:4.
+    v = view(8, rec("p1", "0:4", 5.0), rec("p2", "4:6", 3.0), rec("p3", "4:8", 4.0))
+    assert max_flow_throughput(v) == pytest.approx(5.0)
+    assert bottleneck_layer(peer_capacities(v), 8) == 3
+    assert choose_window(layer_throughput(v), 2, layer_counts(v)) == LayerRange(6, 8)
+    assert choose_layers(v, 2) == LayerRange(2, 4)
+
+    def flow_with(layers: str) -> float:
+        return max_flow_throughput(view(8, *v.records.values(), rec("new", layers, 5.0)))
+
+    assert flow_with("2:4") > flow_with("6:8") == pytest.approx(5.0)
+    # With a gap, the gap still comes first.
+    assert choose_layers(view(8, rec("p1", "0:4", 5.0), rec("p2", "4:6", 3.0)), 2) == LayerRange(6, 8)
+
+
 def test_a_sole_served_layer_counts_at_half_its_throughput() -> None:
     # 0:4 has two servers (20 tokens/s), 4:8 one faster one (30, strength 15): 4:8 is weaker.
     v = view(8, rec("a", "0:4", 10.0), rec("b", "0:4", 10.0), rec("fast", "4:8", 30.0))
     assert layer_counts(v) == [2, 2, 2, 2, 1, 1, 1, 1]
     assert strengths(layer_throughput(v), layer_counts(v)) == [20.0] * 4 + [15.0] * 4
-    assert choose_layers(v, 4) == LayerRange(4, 8)
+    assert choose_window(layer_throughput(v), 4, layer_counts(v)) == LayerRange(4, 8)
     assert choose_window(layer_throughput(v), 4) == LayerRange(0, 4)  # throughput alone
     # b moving there would leave 0:4 sole-served at 10 x 1/2 = 5, weaker than 15: it stays.
     assert should_move(v, "b") is None
