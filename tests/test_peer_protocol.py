@@ -35,9 +35,11 @@ def two_peers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         swarm.start_dht()
         # Small cache (8 pages of 4 tokens) so the pool-exhaustion case is cheap to reach; no per-client
         # quota, since that case fills the pool from one client.
-        swarm.start_peer(tiny_model, "0:2", "--cache-tokens", "32", "--page-size", "4",
-                         "--alloc-timeout", "0.5", "--max-length", "64", "--max-client-pages-fraction", "1")
-        swarm.start_peer(tiny_model, "2:4")
+        peers = [swarm.start_peer(tiny_model, "0:2", "--cache-tokens", "32", "--page-size", "4", "--alloc-timeout",
+                                  "0.5", "--max-length", "64", "--max-client-pages-fraction", "1", wait=False),
+                 swarm.start_peer(tiny_model, "2:4", wait=False)]  # both load at once
+        for peer in peers:
+            swarm.wait_online(peer)
         yield swarm
     finally:
         swarm.close()
@@ -232,17 +234,18 @@ async def test_fifty_sessions_leave_the_pool_as_it_was(two_peers: LocalSwarm, cl
         await p2p.shutdown()
 
 
-async def test_kill9_record_vanishes_and_clean_stop_announces_offline(
-    tiny_model: Path, tmp_path: Path
-) -> None:
-    swarm = new_test_swarm(tmp_path)
+async def test_kill9_record_vanishes_and_clean_stop_announces_offline(two_peers: LocalSwarm, tiny_model: Path) -> None:
+    """On the module's DHT, under a model name of its own (the two peers above do not show up)."""
+    swarm, name = two_peers, "kill9-record-vanishes"
+    started = []
     node = None
     try:
-        swarm.start_dht()
-        doomed = swarm.start_peer(tiny_model, "0:4", "--announce-ttl", "3")
-        polite = swarm.start_peer(tiny_model, "0:4", "--announce-ttl", "60")
+        started = [swarm.start_peer(tiny_model, "0:4", "--announce-ttl", ttl, "--model-name", name, wait=False)
+                   for ttl in ("3", "60")]
+        doomed, polite = started
+        for peer in started:
+            swarm.wait_online(peer)
         node = SwarmNode(initial_peers=swarm.initial_peers, client_mode=True)
-        name = model_name(tiny_model)
         view = await fetch_until(node, name, lambda v: len(v.online()) == 2)
         assert {r.peer_id for r in view.online()} == {doomed.peer_id, polite.peer_id}
         doomed.kill()
@@ -254,7 +257,8 @@ async def test_kill9_record_vanishes_and_clean_stop_announces_offline(
     finally:
         if node is not None:
             node.shutdown()
-        swarm.close()
+        for peer in started:
+            peer.kill()
 
 
 def test_sigterm_exits_zero_quickly(tiny_model: Path, local_swarm: LocalSwarm) -> None:

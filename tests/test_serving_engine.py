@@ -30,12 +30,13 @@ def engine_swarm(tiny_model_factory, tmp_path_factory: pytest.TempPathFactory) -
     swarm = new_test_swarm(tmp_path_factory.mktemp("engine"))
     try:
         swarm.start_dht()
-        swarm.start_peer(model, "0:6", "--batch-window", "0.005")
-        # A tiny pool (16 pages of 4 tokens) under another model name, so clients never route to it.
-        # No per-client page quota: this test fills the whole pool from one client on purpose.
-        swarm.start_peer(model, "0:6", "--model-name", "small-pool", "--cache-tokens", "64", "--page-size", "4",
-                         "--max-client-pages-fraction", "1",
-                         "--alloc-timeout", "1.5")
+        peers = [swarm.start_peer(model, "0:6", "--batch-window", "0.005", wait=False),
+                 # A tiny pool (16 pages of 4 tokens) under another model name, so clients never route to it.
+                 # No per-client page quota: this test fills the whole pool from one client on purpose.
+                 swarm.start_peer(model, "0:6", "--model-name", "small-pool", "--cache-tokens", "64", "--page-size", "4",
+                                  "--max-client-pages-fraction", "1", "--alloc-timeout", "1.5", wait=False)]
+        for peer in peers:  # both load at once
+            swarm.wait_online(peer)
         yield model, swarm
     finally:
         swarm.close()
