@@ -4,10 +4,13 @@
 gated MLP with the same fused `w_gate_up` / `w_down` linears as the dense block, so weight-only
 quantization swaps them the same way). Tokens are grouped by expert: one sort per layer, then
 one batched matmul pair per expert that any token of the step chose, then one copy back to
-token order and a sum over each token's k experts.
+token order and a sum over each token's k experts. A single token (decode of one sequence)
+skips the grouping: its k experts run one after the other and their outputs are summed.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -21,6 +24,11 @@ class Expert(nn.Module):
         super().__init__()
         self.w_gate_up = nn.Linear(hidden, 2 * intermediate, bias=False)
         self.w_down = nn.Linear(intermediate, hidden, bias=False)
+
+    def run(self, h: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """h (n, hidden) -> (n, hidden): act(gate) * up, projected down (the dense block's MLP)."""
+        gate, up = self.w_gate_up(h).chunk(2, dim=-1)  # (n, I) each
+        return self.w_down(act(gate) * up)
 
 
 class MoEBlock(DecoderBlock):
@@ -36,6 +44,12 @@ class MoEBlock(DecoderBlock):
         weights, chosen = probs.topk(self.top_k, dim=-1)  # (N, k) each
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if N == 1:  # nothing to group: sorting, counting and scattering back cost more than the experts
+            out = None
+            for e, w in zip(chosen[0].tolist(), weights[0].tolist()):  # one host sync, like the counts below
+                y = self.experts[e].run(h, self.act) * w  # (1, hidden); w is float32, as HF weighs
+                out = y if out is None else out + y
+            return out
         flat = chosen.reshape(-1)  # (N*k,) expert of each (token, slot)
         order = flat.argsort(stable=True)  # (N*k,) grouped by expert
         rows = order // self.top_k  # (N*k,) token of each grouped entry
@@ -46,9 +60,7 @@ class MoEBlock(DecoderBlock):
         for e, n in enumerate(counts):
             if n == 0:
                 continue
-            expert = self.experts[e]
-            gate, up = expert.w_gate_up(h.index_select(0, rows[start : start + n])).chunk(2, dim=-1)  # (n, I) each
-            y = expert.w_down(self.act(gate) * up)  # (n, hidden)
+            y = self.experts[e].run(h.index_select(0, rows[start : start + n]), self.act)  # (n, hidden)
             grouped[start : start + n] = (y.float() * w[start : start + n, None]).to(h.dtype)
             start += n
         # Back to (token, slot) order and sum the k slots. index_copy_, not index_add_: CPU

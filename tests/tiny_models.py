@@ -16,6 +16,11 @@ import torch
 
 VARIANTS = ("llama", "gqa", "tied", "qwen2")
 FAMILIES = ("mistral_window", "qwen3", "qwen3_moe", "mixtral", "phi3", "gemma2", "gemma3")
+# Weight seeds: 1234 unless that one leaves near-ties on the tests' prompts. Mixtral's 1234 had a
+# greedy logit gap of 2.6e-4 and a router top-2/top-3 gap of 1.5e-3 (the smallest of all families);
+# 2 has 1.5e-2 and 4.5e-3 (and int8 experts stay within 2% of its logits, which seed 23, with wider
+# router gaps, did not). tests/test_families.py::test_no_near_ties_on_the_test_prompts holds the gaps.
+SEEDS = {"mixtral": 2}
 
 _COMMON = dict(
     hidden_size=64,
@@ -114,7 +119,7 @@ def build_tiny_model(path: Path, variant: str = "llama", num_layers: int = 4) ->
 
     path = Path(path)
     config = tiny_config(variant, num_layers)
-    torch.manual_seed(1234)
+    torch.manual_seed(SEEDS.get(variant, 1234))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, p in model.named_parameters():
