@@ -190,13 +190,17 @@ class _MinusOne:
 
 def simulate(cfg: SimConfig) -> SimResult:
     wall0 = time.perf_counter()
-    rng = random.Random(cfg.seed)
+    # Who arrives, when and how fast, and who leaves when (and how) come from `pop`; the swarm's
+    # own choices (timers, tie orders) from `rng`. Runs of two policies with one seed then see
+    # the same population: differences are the policies', not the dice's.
+    pop = random.Random(cfg.seed)
+    rng = random.Random(f"{cfg.seed}-decisions")
     weights = [c[2] for c in GPU_CLASSES]
 
     def new_peer(index: int) -> _Peer:
-        k, median, _ = rng.choices(GPU_CLASSES, weights)[0]
-        return _Peer(f"peer{index:06d}", k, median * math.exp(rng.gauss(0, THROUGHPUT_SIGMA)),
-                     rng.uniform(*RTT_RANGE_S))
+        k, median, _ = pop.choices(GPU_CLASSES, weights)[0]
+        return _Peer(f"peer{index:06d}", k, median * math.exp(pop.gauss(0, THROUGHPUT_SIGMA)),
+                     pop.uniform(*RTT_RANGE_S))
 
     initial = [new_peer(i) for i in range(cfg.peers)]
     num_layers = cfg.layers or max(1, round(sum(p.k for p in initial) / cfg.redundancy))
@@ -230,7 +234,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         else:
             push(now + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
         if leave_rate > 0:
-            push(now + rng.expovariate(leave_rate), "depart", p.peer_id)
+            push(now + pop.expovariate(leave_rate), "depart", p.peer_id)
         push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
 
     def go_online(p: _Peer) -> None:
@@ -281,7 +285,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         admit(p, 0.0, instant=True)
     next_index = cfg.peers
     if leave_rate > 0:
-        push(rng.expovariate(cfg.peers * leave_rate), "arrive")
+        push(pop.expovariate(cfg.peers * leave_rate), "arrive")
     end = cfg.hours * per_hour
     for t in range(0, int(end) + 1, int(METRIC_PERIOD_S)):
         push(float(t), "metric")
@@ -318,10 +322,11 @@ def simulate(cfg: SimConfig) -> SimResult:
             admit(new_peer(next_index), now, instant=False)
             next_index += 1
             joins += 1
-            push(now + rng.expovariate(cfg.peers * leave_rate), "arrive")
+            push(now + pop.expovariate(cfg.peers * leave_rate), "arrive")
         elif kind == "depart" and p is not None and not p.draining:
             departures += 1
-            if p.online and rng.random() < cfg.graceful:
+            graceful = pop.random() < cfg.graceful
+            if p.online and graceful:
                 drains += 1
                 p.draining, p.drain_deadline = True, now + cfg.drain_max_s
                 drain_started[pid] = now

@@ -83,8 +83,9 @@ def choose_window(
     throughput inside (the window holds the bottleneck); lowest total throughput inside;
     lowest start. With `servers` (per-layer counts) the ranking uses strengths (strengths(),
     a sole-served layer at `discount`) instead of throughput. With `bottleneck` (a layer, see
-    routing.flow.bottleneck_layer) and no gap: the window holding that layer with the lowest
-    total. Runs in O(layers) with C-speed builtins on the common path.
+    routing.flow.bottleneck_layer), no gap, and no layer with one server in the weakest
+    window: the window holding that layer with the lowest total. Runs in O(layers) with
+    C-speed builtins on the common path.
     """
     if servers is not None:
         throughput = strengths(throughput, servers, discount)
@@ -99,13 +100,22 @@ def choose_window(
     lowest = min(throughput)
     if lowest <= 0:
         return _cover_most_gaps(throughput, k)
-    if bottleneck is not None and 0 <= bottleneck < total:
-        # Flow-aware: among the windows holding the max flow's bottleneck (routing.flow), the
-        # one with the lowest total strength; capacity anywhere else would not raise the flow.
-        start = min(range(max(0, bottleneck - k + 1), min(bottleneck, total - k) + 1),
-                    key=lambda s: (sum(throughput[s : s + k]), s))
-        return LayerRange(start, start + k)
+    weakest = _weakest_window(throughput, k, lowest)
+    if bottleneck is None or not 0 <= bottleneck < total:
+        return weakest
+    if servers is not None and 1 in servers[weakest.start : weakest.end]:
+        return weakest  # a layer one departure from a gap comes first
+    # Flow-aware: among the windows holding the max flow's bottleneck (routing.flow), the one
+    # with the lowest total strength; capacity anywhere else would not raise the flow.
+    start = min(range(max(0, bottleneck - k + 1), min(bottleneck, total - k) + 1),
+                key=lambda s: (sum(throughput[s : s + k]), s))
+    return LayerRange(start, start + k)
+
+
+def _weakest_window(throughput: Sequence[float], k: int, lowest: float) -> LayerRange:
+    """The window holding a layer at the minimum `lowest` with the lowest total (ties: lowest start)."""
     # Only windows containing a layer at the global minimum can have the lowest minimum.
+    total = len(throughput)
     candidates: set[int] = set()
     position = _index(throughput, lowest, 0)
     while position >= 0:
@@ -214,10 +224,11 @@ def possible_takers(view: SwarmView, me: str) -> list[str]:
 def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:
     """The layers a new peer that can hold `num_layers` layers should serve (see choose_window).
 
-    Flow-aware: the window holds the max flow's bottleneck layer (routing.flow.bottleneck_layer)
-    of the ONLINE and JOINING peers. Measured in the simulator (docs/balancing.md, 200 peers at
-    2x): max flow 52% -> 66% of the capacity bound at the same coverage. One max flow per join:
-    ~40 ms at 1,000 peers and 5,000 layers.
+    Flow-aware unless redundancy comes first: when the weakest window has no layer with a single
+    server, the window holds the max flow's bottleneck layer (routing.flow.bottleneck_layer) of
+    the ONLINE and JOINING peers. Measured in the simulator (docs/balancing.md, 2x, half the
+    departures graceful): max flow +6-7 points of the capacity bound for about as many sole
+    servers. One coarse max flow per join: tens of ms at 1,000 peers and 5,000 layers.
     """
     placement = peer_capacities(view, _COUNTED)
     bottleneck = bottleneck_layer(placement, view.num_layers) if placement else None

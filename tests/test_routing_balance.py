@@ -162,21 +162,26 @@ def test_choose_window_matches_brute_force_ranking(throughput, k) -> None:
 
 
 def test_choose_layers_joins_where_the_max_flow_is_short_not_at_the_weakest_layer() -> None:
-    # Two parts: 0:4 held by p1 alone (max flow 20 / 4 = 5), 4:8 by p2 (4:6) and p3 (4:8), which
-    # carry 5.5 together. The weakest layers by strength are 6:8 (p3 alone, 4 tokens/s), but
-    # capacity there leaves the max flow at 5; the bottleneck is in 0:4.
-    v = view(8, rec("p1", "0:4", 5.0), rec("p2", "4:6", 3.0), rec("p3", "4:8", 4.0))
+    # Two parts: 0:4 held by a and b (20 layer-tokens/s: max flow 20 / 4 = 5); 4:8 by c (4:6),
+    # d (4:8) and e (6:8), which carry 5.75 together. The weakest layers by strength are 6:8
+    # (4.5 tokens/s), but capacity there leaves the max flow at 5: the bottleneck is in 0:4.
+    both = [rec("a", "0:4", 2.5), rec("b", "0:4", 2.5), rec("c", "4:6", 3.0), rec("d", "4:8", 4.0),
+            rec("e", "6:8", 0.5)]
+    v = view(8, *both)
     assert max_flow_throughput(v) == pytest.approx(5.0)
     assert bottleneck_layer(peer_capacities(v), 8) == 3
     assert choose_window(layer_throughput(v), 2, layer_counts(v)) == LayerRange(6, 8)
     assert choose_layers(v, 2) == LayerRange(2, 4)
 
     def flow_with(layers: str) -> float:
-        return max_flow_throughput(view(8, *v.records.values(), rec("new", layers, 5.0)))
+        return max_flow_throughput(view(8, *both, rec("new", layers, 5.0)))
 
     assert flow_with("2:4") > flow_with("6:8") == pytest.approx(5.0)
-    # With a gap, the gap still comes first.
-    assert choose_layers(view(8, rec("p1", "0:4", 5.0), rec("p2", "4:6", 3.0)), 2) == LayerRange(6, 8)
+    # Redundancy first: when the weakest window holds a layer with one server, it wins.
+    sole = view(8, rec("a", "0:4", 5.0), rec("c", "4:6", 3.0), rec("d", "4:8", 4.0))
+    assert choose_layers(sole, 2) == LayerRange(6, 8)
+    # With a gap, the gap comes first.
+    assert choose_layers(view(8, rec("a", "0:4", 5.0), rec("c", "4:6", 3.0)), 2) == LayerRange(6, 8)
 
 
 def test_a_sole_served_layer_counts_at_half_its_throughput() -> None:
