@@ -108,10 +108,12 @@ def test_moe_experts_quantize_and_the_memory_plan_counts_every_expert(tiny_model
     head = ModelHead.from_pretrained(path)
     shard = Shard.from_pretrained(path, 0, 4)
     prompt = prompts_for(320, [12])
+    block = shard.blocks[0]
+    assert isinstance(block, MoEBlock) and block._stacks() is not None  # float experts: grouped matmuls on CPU
     _, exact = run_shards(head, [(shard, None)], prompt, 3)
     quantize_shard(shard, "int8")
-    block = shard.blocks[0]
-    assert isinstance(block, MoEBlock) and all(isinstance(e.w_gate_up, QuantLinear) for e in block.experts)
+    assert all(isinstance(e.w_gate_up, QuantLinear) for e in block.experts)
+    assert block._stacks() is None and block._stacked is None  # the float stacks are freed, experts loop
     _, quantized = run_shards(head, [(shard, None)], prompt, 3)
     err = (quantized[0] - exact[0]).abs().max().item()
     assert 0 < err < 0.05 * exact[0].abs().max().item()
