@@ -9,7 +9,9 @@ no LM head) on the same hidden states, with ~128 tokens of context per sequence.
 
     .venv/bin/python benchmarks/bench_shard_cpu.py [--steps 30] [--context 128] [--models smollm2,moe,gemma2]
 
-Prints a table and writes benchmarks/results/bench_shard_cpu.json.
+Prints a table (and the machine's load average before and after: on a shared machine, other
+processes' load decides how far the figures can be trusted) and writes
+benchmarks/results/bench_shard_cpu.json.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -111,13 +114,14 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2,moe,gemma2", help="comma-separated: smollm2, moe, gemma2")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             path = model_path(name, Path(tmp))
             print(f"{name}: {path}", flush=True)
             rows += bench_model(name, path, args)
-    report(rows, args)
+    report(rows, args, {"before": load_before, "after": os.getloadavg()})
 
 
 def bench_model(model_name: str, path: Path, args: argparse.Namespace) -> list[dict]:
@@ -142,7 +146,7 @@ def bench_model(model_name: str, path: Path, args: argparse.Namespace) -> list[d
     return rows
 
 
-def report(rows: list[dict], args: argparse.Namespace) -> None:
+def report(rows: list[dict], args: argparse.Namespace, load: dict[str, tuple[float, float, float]]) -> None:
     print(f"{'model':<8} {'impl':<30} {'batch':>5} {'ctx':>5} {'median ms':>10} {'p90 ms':>8} {'tok/s':>8}")
     for r in rows:
         print(f"{r['model']:<8} {r['impl']:<30} {r['batch']:>5} {r['context']:>5} {r['median_ms']:>10.2f} "
@@ -156,7 +160,9 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
                   "(1024) top-2; gemma2 = 4 layers, hidden 512, MLP 2048, window 64 on layers 0 and 2",
         "steps": args.steps,
         "warmup": args.warmup,
+        "load_average_1_5_15min": load,
     }
+    print("load average (1, 5, 15 min): " + ", ".join(f"{k} {' '.join(f'{x:.2f}' for x in v)}" for k, v in load.items()))
     RESULTS.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(f"wrote {RESULTS}")
 
