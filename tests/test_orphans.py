@@ -73,8 +73,7 @@ def test_kill_9_of_swarm_peer_dht_leaves_nothing(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_kill_9_of_swarm_peer_serve_leaves_nothing(local_swarm, tiny_model) -> None:
-    local_swarm.start_dht()
-    peer = local_swarm.start_peer(tiny_model, "0:2")
+    peer = local_swarm.start_peer(tiny_model, "0:2")  # the first node of its own swarm: same helpers, no bootstrap
     _kill_and_check(peer.pid, peer.descendants())
 
 
