@@ -237,24 +237,40 @@ def test_long_context_past_many_windows_keeps_pages_bounded(tiny_model_factory, 
                                                             family: str) -> None:
     """50 positions (six windows of 8) through two peers, pages of 4 tokens: greedy tokens equal
     transformers', and a peer whose layers all slide (mistral 0:2 and 2:4; gemma3 0:2) never held
-    more than the window's pages, while gemma3's 2:4 (a global layer) keeps every page."""
+    more than the window's pages, while gemma3's 2:4 (a global layer) keeps every page. Then a
+    truncate back past freed pages: generation resumes exactly (the client replays the kept prefix)."""
     path = tiny_model_factory(family)
     ranges = ("0:2", "2:4")
     peers = [dht_swarm.start_peer(path, r, "--page-size", "4", wait=False) for r in ranges]
     for p in peers:
         dht_swarm.wait_online(p)
     prompt = prompts_for(320, [10])[0]
+    long_prompt = prompts_for(300, [30])[0]
     remote = DistributedModel.from_pretrained(path, dht_swarm.initial_peers)
     try:
         got = remote.generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40)[0, len(prompt) :]
         peaks = {r: remote.loop.run(remote.swarm.peer_info(p.peer_id), timeout=40)["stats"]["peak_used_pages"]
                  for r, p in zip(ranges, peers)}
+        with remote.inference_session(max_length=64) as session:
+            # A prefill of 30, then one decode step: that step frees the pages of positions 0..19.
+            remote.generate(torch.tensor([long_prompt]), max_new_tokens=2, min_new_tokens=2, session=session)
+            # Back to 10: keys 3..9 slid out of the window at the peers that free pages; they refuse
+            # (retryable) and the client replays the 10 kept positions into a new peer session.
+            session.truncate(10)
+            session.token_ids, session.pending = [long_prompt[:11]], [[long_prompt[10]]]
+            resumed = remote.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=8, min_new_tokens=8,
+                                      session=session)[0]
+            failovers = session.stats.failovers
     finally:
         remote.close()
         for p in peers:
             p.kill()
     want = reference(path).generate(torch.tensor([prompt]), max_new_tokens=40, min_new_tokens=40, do_sample=False)
     assert got.tolist() == want[0, len(prompt) :].tolist()
+    want = reference(path).generate(torch.tensor([long_prompt[:11]]), max_new_tokens=8, min_new_tokens=8,
+                                    do_sample=False)[0, 11:]
+    assert resumed.tolist() == want.tolist(), "after a truncate into freed pages"
+    assert failovers == (2 if family == "mistral_window" else 1), "each peer that freed pages was replayed"
     window_pages = 8 // 4 + 1  # the pages a query's 8 keys can touch
     assert peaks["0:2"] <= window_pages
     if family == "gemma3":
