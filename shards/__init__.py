@@ -5,16 +5,19 @@ File map:
     config.py      ModelConfig: hyperparameters parsed from a HF config.json; supported / refused families
     errors.py      CheckpointError, UnsupportedModelError
     loading.py     read only the needed tensors from safetensors (+ header checks, fingerprint)
-    paging.py      PagePool / PageTable: KV page bookkeeping, metadata only (no torch)
+    paging.py      PagePool / PageTable: KV page bookkeeping, metadata only (no torch); pages that
+                   slid out of a sliding window are freed (drop_before), the table stays positional
     kv_cache.py    KVCache: the paged K/V tensors of one shard
     batch.py       BatchLayout (ragged batch of sequences) -> LayoutTensors (per-step indices)
     rotary.py      RoPE via transformers' ROPE_INIT_FUNCTIONS (linear, dynamic, yarn, longrope, llama3)
     attention.py   paged attention, torch reference (prefill + decode, GQA, many sequences, soft-capping)
     block.py       DecoderBlock: RMSNorm, attention (+ q/k norms, sliding window), gated MLP (fused projections)
     gemma.py       GemmaBlock: DecoderBlock + norms after attention and after the MLP (Gemma 2 / 3)
-    moe.py         MoEBlock: DecoderBlock whose MLP is a router + top-k experts (Mixtral, Qwen3-MoE)
+    moe.py         MoEBlock: DecoderBlock whose MLP is a router + top-k experts (Mixtral, Qwen3-MoE):
+                   one token runs its k experts directly; several run as grouped matmuls (CPU)
     families.py    block_class(config, layer): which block serves a layer
     shard.py       Shard: layers [start, end) loaded and run over a BatchLayout
+    cuda_graphs.py DecodeGraphs: captured decode steps (batch buckets 1-64) replayed on CUDA
     quant.py       QuantLinear (int8 / int4 weights), quantize_shard (round to nearest), memory_plan
     calibrate.py   GPTQ: int4 calibrated on a text, layer by layer
     quant_checkpoint.py  quantized checkpoints (`swarm-peer quantize`'s output; loaded by Shard.from_pretrained)
