@@ -398,7 +398,13 @@ async def with_reachability(config: PeerConfig) -> PeerConfig:
 
     from hivemind.p2p import P2PDaemonError
 
-    from swarm.reachability import UNREACHABLE_ADVICE, check_reachable, is_loopback
+    from swarm.reachability import (
+        RELAY_CANDIDATES_FOR_QUICK_START,
+        SLOW_RELAY_ADVICE,
+        UNREACHABLE_ADVICE,
+        check_reachable,
+        is_loopback,
+    )
 
     if not config.use_relay or not config.initial_peers:
         return config
@@ -414,6 +420,8 @@ async def with_reachability(config: PeerConfig) -> PeerConfig:
         return config
     addrs = ", ".join(config.announce_maddrs or config.host_maddrs)
     logger.warning(UNREACHABLE_ADVICE.format(addrs=addrs))
+    if len(config.initial_peers) < RELAY_CANDIDATES_FOR_QUICK_START:
+        logger.warning(SLOW_RELAY_ADVICE.format(n=len(config.initial_peers)))
     return replace(config, relayed=True)
 
 

@@ -290,3 +290,10 @@ UNREACHABLE_ADVICE = (
     "only). To serve directly, forward a TCP port on your router to this machine and run with "
     "--port PORT --public-ip YOUR_PUBLIC_IP (see docs/deployment.md)"
 )
+# libp2p's autorelay reserves a slot at once only with this many relay candidates, else after ~3 min.
+RELAY_CANDIDATES_FOR_QUICK_START = 4
+SLOW_RELAY_ADVICE = (
+    "with {n} initial peer(s) libp2p waits about 3 minutes before it reserves a relay slot, and "
+    "clients cannot reach this peer until then; give " + str(RELAY_CANDIDATES_FOR_QUICK_START)
+    + " --initial-peers (any members of the swarm) to be reachable at once"
+)
