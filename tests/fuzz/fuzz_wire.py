@@ -17,8 +17,16 @@ import sys
 from pathlib import Path
 
 import atheris
-import msgpack  # noqa: F401 - imported before instrumenting: only our code is instrumented, and
-import torch  # noqa: F401 - instrumenting all of torch took minutes on a loaded 2-core machine
+
+# Third-party packages our modules import are imported before instrumenting, so only our code is
+# instrumented: instrumenting torch took minutes, and hivemind with its dependencies (scipy,
+# numpy, cryptography, pydantic: pulled in through swarm's records) about 75 s, per run.
+import cryptography  # noqa: F401
+import hivemind  # noqa: F401
+import msgpack  # noqa: F401
+import numpy  # noqa: F401
+import scipy  # noqa: F401
+import torch  # noqa: F401
 
 with atheris.instrument_imports():
     from swarm import messages as m
