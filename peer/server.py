@@ -190,10 +190,10 @@ class PeerServer:
         swapped between two batches, and the new range is announced. The old engine is freed
         when the last reference to it goes.
         """
-        logger.info("moving from layers %s to %s (announced JOINING there while loading)", self.layers, target)
         self.loading = target  # others see the target taken (routing.balance counts JOINING) while we load
         try:
             await self._announce()
+            logger.info("moving from layers %s to %s (announced JOINING there while loading)", self.layers, target)
             engine, throughput = await self._build_engine(target)
         except Exception:
             self.loading = None
