@@ -86,14 +86,11 @@ def cluster_peers(name: str, rng: random.Random) -> list[tuple[str, int, float, 
 
 
 def place(peers: list[tuple[str, int, float, float]], num_layers: int, quality: float) -> tuple[list[LayerRange], int]:
-    """Join in order with choose_window, then balance rounds until nobody moves (at most 50)."""
-    thr = [0.0] * num_layers
+    """Join in order with choose_window, then balance rounds until nobody moves (at most 50); tiered
+    as routing.balance is (a peer weighs the peers holding at least as many layers)."""
     ranges: list[LayerRange] = []
-    for _, k, rate, _ in peers:
-        r = choose_window(thr, k)
-        ranges.append(r)
-        for layer in range(r.start, r.end):
-            thr[layer] += rate / k
+    for _, k, _, _ in peers:
+        ranges.append(choose_window(_tier_throughput(peers, ranges, num_layers, k), k))
     moves = 0
     order = list(range(len(peers)))
     rng = random.Random(len(peers))
@@ -103,25 +100,30 @@ def place(peers: list[tuple[str, int, float, float]], num_layers: int, quality: 
         for i in order:
             _, k, rate, _ = peers[i]
             mine = ranges[i]
-            others = thr[:]
             online = [0] * num_layers
             for j, r in enumerate(ranges):
                 if j != i:
                     for layer in range(r.start, r.end):
                         online[layer] += 1
-            for layer in range(mine.start, mine.end):
-                others[layer] -= rate / k
+            others = _tier_throughput(peers, ranges, num_layers, k, without=i)
             target = plan_move(others, online, mine, rate / k, quality)
             if target is not None:
                 ranges[i] = target
-                thr = others
-                for layer in range(target.start, target.end):
-                    thr[layer] += rate / k
                 moves += 1
                 moved = True
         if not moved:
             break
     return ranges, moves
+
+
+def _tier_throughput(peers, ranges: list[LayerRange], num_layers: int, k: int, without: int | None = None) -> list[float]:
+    """Per-layer throughput of the placed peers holding at least k layers (routing.balance's tiers)."""
+    thr = [0.0] * num_layers
+    for j, r in enumerate(ranges):
+        if j != without and len(r) >= k:
+            for layer in range(r.start, r.end):
+                thr[layer] += peers[j][2] / peers[j][1]
+    return thr
 
 
 def serve(peers, ranges, num_layers: int, sessions: int, spread: bool, seed: int) -> tuple[float, list, list[float]]:

@@ -19,6 +19,9 @@ counts but keeps serving until every layer it holds has another ONLINE server or
 `drain_max_s` passes. The rest are abrupt (a crash, a closed laptop).
 
 Joins are flow-aware (routing.choose_layers): the window holds the max flow's bottleneck layer.
+Joins and moves are tiered as in routing.balance: a peer weighs only the peers holding at
+least as many layers as it does (per-size arrays here). --warmup-hours runs the swarm before
+measuring, so the numbers describe its steady state rather than its first placement.
 An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
 until it expires, up to RECORD_TTL_S later. Reaction: peers re-read the DHT every
 WATCH_PERIOD_S and decide at once (routing.urgent_layers) when some layer has no ONLINE
@@ -77,7 +80,7 @@ DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are 
 @dataclass
 class SimConfig:
     peers: int = 1000
-    hours: float = 6.0
+    hours: float = 6.0  # measured, after the warm-up
     seed: int = 0
     churn: float = 0.10  # fraction of peers leaving per hour
     redundancy: float = 2.0
@@ -92,6 +95,9 @@ class SimConfig:
     sole_discount: float = SOLE_DISCOUNT  # strength of a layer with one server (1: throughput alone)
     flow_join: bool = True  # joiners take a window holding the max flow's bottleneck (routing.flow)
     fast_fill: bool = True  # gaps are filled by the fastest loaders first, in parallel
+    tiered: bool = True  # a peer weighs only peers holding at least as many layers (routing.balance)
+    tiered_counts: bool = False  # ... for the sole-server discount too (else every peer counts there)
+    warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
 
 
 @dataclass
@@ -100,11 +106,23 @@ class _Peer:
     k: int
     thr: float
     rtt: float
-    layers: LayerRange | None = None
-    online: bool = False
+    layers: LayerRange | None = None  # where balancing counts it: a mover's target
+    serving: LayerRange | None = None  # what it serves now (None while it first loads)
     draining: bool = False
     drain_deadline: float = 0.0
     generation: int = 0  # bumped on every move, so a stale "online" event is ignored
+
+    @property
+    def loading(self) -> bool:
+        """Joining, or moving (record `moving_to`: it serves its old layers until the swap)."""
+        return self.serving != self.layers
+
+    def kept(self) -> LayerRange | None:
+        """The layers it will go on serving (routing.layer_servers): a mover keeps only the overlap."""
+        if self.serving is None or self.layers is None:
+            return None
+        start, end = max(self.serving.start, self.layers.start), min(self.serving.end, self.layers.end)
+        return LayerRange(start, end) if start < end else None
 
 
 @dataclass
@@ -139,13 +157,16 @@ class SimResult:
 class _Swarm:
     """Per-layer arrays kept incrementally.
 
-    Balancing's view (ONLINE + JOINING, not DRAINING): thr, counted. Serving (ONLINE, DRAINING
-    too): online_thr, online_n, uncovered. Staying servers (ONLINE, not DRAINING): staying_n.
+    Balancing's view (ONLINE + JOINING, movers at their target, not DRAINING): thr, counted.
+    Serving (ONLINE, DRAINING too, movers on their old layers): online_thr, online_n, uncovered.
+    Staying servers (ONLINE, not DRAINING, movers on the layers they keep): staying_n.
     """
 
     def __init__(self, num_layers: int) -> None:
         self.thr = [0.0] * num_layers
         self.counted = [0] * num_layers
+        self.thr_by_k: dict[int, list[float]] = {}  # balancing throughput per peer size (tiered mode)
+        self.counted_by_k: dict[int, list[int]] = {}
         self.online_thr = [0.0] * num_layers
         self.online_n = [0] * num_layers
         self.staying_n = [0] * num_layers
@@ -153,14 +174,31 @@ class _Swarm:
         self.gaps_opened = 0
 
     def place(self, p: _Peer, sign: int) -> None:
+        n = len(self.thr)
+        tier_thr = self.thr_by_k.setdefault(p.k, [0.0] * n)
+        tier_n = self.counted_by_k.setdefault(p.k, [0] * n)
         for layer in range(p.layers.start, p.layers.end):
             self.counted[layer] += sign
             self.thr[layer] += sign * p.thr
             if self.thr[layer] < 1e-9 or not self.counted[layer]:
                 self.thr[layer] = 0.0  # no float residue: 0 must mean "nobody"
+            tier_n[layer] += sign
+            tier_thr[layer] += sign * p.thr
+            if tier_thr[layer] < 1e-9 or not tier_n[layer]:
+                tier_thr[layer] = 0.0
 
-    def serve(self, p: _Peer, sign: int) -> None:
-        for layer in range(p.layers.start, p.layers.end):
+    def at_least(self, k: int) -> tuple[list[float], list[int]]:
+        """Balancing throughput and counts of the peers holding at least k layers."""
+        n = len(self.thr)
+        thr, counted = [0.0] * n, [0] * n
+        for size in self.thr_by_k:
+            if size >= k:
+                thr = [a + b for a, b in zip(thr, self.thr_by_k[size])]
+                counted = [a + b for a, b in zip(counted, self.counted_by_k[size])]
+        return thr, counted
+
+    def serve(self, span: LayerRange, p: _Peer, sign: int) -> None:
+        for layer in range(span.start, span.end):
             n = self.online_n[layer] + sign
             self.online_n[layer] = n
             self.online_thr[layer] = self.online_thr[layer] + sign * p.thr if n else 0.0
@@ -170,8 +208,8 @@ class _Swarm:
             elif n == 1 and sign > 0:
                 self.uncovered -= 1
 
-    def stay(self, p: _Peer, sign: int) -> None:
-        for layer in range(p.layers.start, p.layers.end):
+    def stay(self, span: LayerRange | None, sign: int) -> None:
+        for layer in range(span.start, span.end) if span is not None else ():
             self.staying_n[layer] += sign
 
     def covered_without(self, p: _Peer) -> bool:
@@ -226,7 +264,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         if cfg.flow_join:
             placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
             bottleneck = bottleneck_layer(placed, num_layers) if placed else None
-        p.layers = choose_window(swarm.thr, p.k, counts, cfg.sole_discount, bottleneck)
+        thr, counted = _balance_arrays(swarm, p.k, cfg, counts)
+        p.layers = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck)
         peers[p.peer_id] = p
         swarm.place(p, +1)
         if instant:
@@ -238,24 +277,28 @@ def simulate(cfg: SimConfig) -> SimResult:
         push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
 
     def go_online(p: _Peer) -> None:
-        p.online = True
-        swarm.serve(p, +1)
-        swarm.stay(p, +1)
+        """Loaded: a joiner starts serving; a mover swaps its old layers for the new ones."""
+        if p.serving is not None:
+            swarm.serve(p.serving, p, -1)
+            swarm.stay(p.kept(), -1)
+        p.serving = p.layers
+        swarm.serve(p.serving, p, +1)
+        swarm.stay(p.serving, +1)
 
     def leave(p: _Peer, now: float) -> None:
         """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S)."""
-        if p.online:
-            swarm.serve(p, -1)
+        if p.serving is not None:
+            swarm.serve(p.serving, p, -1)
             if not p.draining:
-                swarm.stay(p, -1)
+                swarm.stay(p.kept(), -1)
         del peers[p.peer_id]
         if not p.draining:  # a drained peer announced OFFLINE and left balancing when it started draining
             expiring[p.peer_id] = p
             push(now + rng.uniform(0.0, RECORD_TTL_S), "expire", p.peer_id)
 
     def try_move(p: _Peer, now: float) -> bool:
-        others = swarm.thr[:]
-        counted = swarm.counted[:] if counts is not None else None
+        others, counted = _balance_arrays(swarm, p.k, cfg, counts)
+        others, counted = others[:], None if counted is None else counted[:]
         for layer in range(p.layers.start, p.layers.end):
             others[layer] = max(0.0, others[layer] - p.thr)
             if counted is not None:
@@ -266,11 +309,13 @@ def simulate(cfg: SimConfig) -> SimResult:
                            discount=cfg.sole_discount)
         if target is None:
             return False
-        swarm.serve(p, -1)
-        swarm.stay(p, -1)
+        # Announced as moving (peer/server.py migrate): balancing counts it at the target now,
+        # it serves its old layers until the new ones are loaded, and stays only on the overlap.
+        swarm.stay(p.serving, -1)
         swarm.place(p, -1)
-        p.layers, p.online, p.generation = target, False, p.generation + 1
+        p.layers, p.generation = target, p.generation + 1
         swarm.place(p, +1)
+        swarm.stay(p.kept(), +1)
         push(now + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
         return True
 
@@ -286,7 +331,10 @@ def simulate(cfg: SimConfig) -> SimResult:
     next_index = cfg.peers
     if leave_rate > 0:
         push(pop.expovariate(cfg.peers * leave_rate), "arrive")
-    end = cfg.hours * per_hour
+    start = cfg.warmup_hours * per_hour
+    end = start + cfg.hours * per_hour
+    if start > 0:
+        push(start, "measure")  # before the metric sample at the same time (pushed first)
     for t in range(0, int(end) + 1, int(METRIC_PERIOD_S)):
         push(float(t), "metric")
     for t in range(0, int(end) + 1, int(ROUTE_PERIOD_S)):
@@ -318,7 +366,14 @@ def simulate(cfg: SimConfig) -> SimResult:
         peer_seconds += dt * len(peers)
         last = now
         p = peers.get(pid)
-        if kind == "arrive":
+        if kind == "measure":  # warm-up over: count from here
+            joins = departures = migrations = routes_failed = drains = drains_timed_out = 0
+            uncovered_time = uncovered_layer_time = peer_seconds = 0.0
+            for values in (ratios, route_costs, route_hops, plan_ms, drain_s, flow_ratios, spread_ratios,
+                           load_spreads, sole_counts):
+                values.clear()
+            swarm.gaps_opened = 0
+        elif kind == "arrive":
             admit(new_peer(next_index), now, instant=False)
             next_index += 1
             joins += 1
@@ -326,12 +381,13 @@ def simulate(cfg: SimConfig) -> SimResult:
         elif kind == "depart" and p is not None and not p.draining:
             departures += 1
             graceful = pop.random() < cfg.graceful
-            if p.online and graceful:
+            if p.serving is not None and graceful:
                 drains += 1
                 p.draining, p.drain_deadline = True, now + cfg.drain_max_s
                 drain_started[pid] = now
                 swarm.place(p, -1)  # leaves balancing at once: others see its layers thin
-                swarm.stay(p, -1)
+                swarm.stay(p.kept(), -1)
+                p.layers, p.generation = p.serving, p.generation + 1  # a move in progress is dropped
                 if swarm.covered_without(p):
                     push(now, "drained", pid)
                 else:
@@ -356,7 +412,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         elif kind == "react":
             if 0 not in swarm.staying_n:
                 continue
-            candidates = [q for q in peers.values() if q.online and not q.draining]
+            candidates = [q for q in peers.values() if not q.loading and not q.draining]
             rng.shuffle(candidates)
             if cfg.fast_fill:
                 # Peers wait REACT_DELAY_PER_LAYER_S x their layers before deciding (peer/balancer.py),
@@ -371,7 +427,7 @@ def simulate(cfg: SimConfig) -> SimResult:
                         break
         elif kind == "balance" and p is not None:
             push(now + rng.uniform(0.5, 1.5) * cfg.balance_period_s, "balance", pid)
-            if not p.online or p.draining:
+            if p.loading or p.draining:
                 continue  # still loading: judge the range once it serves
             if try_move(p, now):
                 migrations += 1
@@ -385,13 +441,14 @@ def simulate(cfg: SimConfig) -> SimResult:
             series["migrations"].append(migrations)
             series["sole_layers"].append(swarm.staying_n.count(1))
             series["memory_ratio"].append(round(sum(q.k for q in peers.values() if not q.draining) / num_layers, 4))
-            sole_counts.append(sum(1 for q in peers.values() if q.online and not q.draining
-                                   and 1 in swarm.staying_n[q.layers.start:q.layers.end]))
+            sole_counts.append(sum(1 for q in peers.values() if not q.draining and (kept := q.kept()) is not None
+                                   and 1 in swarm.staying_n[kept.start:kept.end]))
         elif kind == "route":
-            serving = [q for q in peers.values() if q.online]
+            serving = [q for q in peers.values() if q.serving is not None]
             records = {
-                q.peer_id: PeerRecord(q.peer_id, "sim", q.layers,
-                                      PeerState.DRAINING if q.draining else PeerState.ONLINE, q.thr, free_pages=100)
+                q.peer_id: PeerRecord(q.peer_id, "sim", q.serving,
+                                      PeerState.DRAINING if q.draining else PeerState.ONLINE, q.thr, free_pages=100,
+                                      moving_to=q.layers if q.loading else None)
                 for q in serving
             }
             view = SwarmView("sim", num_layers, records, {q: peers[q].rtt for q in records})
@@ -410,8 +467,9 @@ def simulate(cfg: SimConfig) -> SimResult:
             spread_ratios.append(spread / bound)
             load_spreads.append(spread_load)
 
-    hours = end / per_hour
-    mean_peers = peer_seconds / end if end else len(peers)
+    measured = end - start
+    hours = measured / per_hour
+    mean_peers = peer_seconds / measured if measured else len(peers)
     ordered = sorted(ratios)
 
     def mean(values: list[float]) -> float | None:
@@ -420,8 +478,8 @@ def simulate(cfg: SimConfig) -> SimResult:
     return SimResult(
         config=asdict(cfg),
         num_layers=num_layers,
-        coverage_time_fraction=1.0 - uncovered_time / end if end else 1.0,
-        uncovered_layer_time_fraction=uncovered_layer_time / (end * num_layers) if end else 0.0,
+        coverage_time_fraction=1.0 - uncovered_time / measured if measured else 1.0,
+        uncovered_layer_time_fraction=uncovered_layer_time / (measured * num_layers) if measured else 0.0,
         bottleneck_vs_bound_mean=sum(ratios) / len(ratios) if ratios else 0.0,
         bottleneck_vs_bound_p10=ordered[len(ordered) // 10] if ordered else 0.0,
         migrations_per_peer_hour=migrations / (mean_peers * hours) if hours else 0.0,
@@ -446,9 +504,19 @@ def simulate(cfg: SimConfig) -> SimResult:
     )
 
 
+def _balance_arrays(swarm: _Swarm, k: int, cfg: SimConfig, counts: list[int] | None) -> tuple[list[float], list[int] | None]:
+    """(per-layer throughput, counts) a peer of k layers balances on (shared lists: copy before changing)."""
+    if not cfg.tiered:
+        return swarm.thr, counts
+    thr, tier_counts = swarm.at_least(k)
+    if counts is None:
+        return thr, None
+    return thr, tier_counts if cfg.tiered_counts else counts
+
+
 def _flows(serving: list[_Peer], num_layers: int) -> tuple[float, float, float]:
     """(max flow of the serving placement, flow the spread split carries, its max / mean utilisation)."""
-    spans = [q.layers for q in serving]
+    spans = [q.serving for q in serving]
     caps = [q.thr * q.k for q in serving]
     flow = max_flow_of(list(zip(spans, caps)), num_layers)
     weights = flow_weights(spans, caps, num_layers)
@@ -470,7 +538,7 @@ def format_table(r: SimResult) -> str:
     c = r.config
     rows = [
         ("peers / layers / redundancy", f"{c['peers']} / {r.num_layers} / {c['redundancy'] if not c['layers'] else 'n/a'}"),
-        ("simulated hours / churn per hour", f"{c['hours']} / {c['churn']:.0%}"),
+        ("simulated hours (+ warm-up) / churn per hour", f"{c['hours']} (+ {c['warmup_hours']}) / {c['churn']:.0%}"),
         ("coverage (time all layers served)", f"{r.coverage_time_fraction:.4%}"),
         ("uncovered layer-time", f"{r.uncovered_layer_time_fraction:.5%}"),
         ("bottleneck / bound (mean, p10)", f"{r.bottleneck_vs_bound_mean:.1%}, {r.bottleneck_vs_bound_p10:.1%}"),
@@ -527,7 +595,9 @@ def plot(r: SimResult, path: Path) -> None:
 def main(argv: list[str] | None = None) -> SimResult:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", type=int, default=1000)
-    ap.add_argument("--hours", type=float, default=6.0)
+    ap.add_argument("--hours", type=float, default=6.0, help="simulated hours measured (after the warm-up)")
+    ap.add_argument("--warmup-hours", type=float, default=0.0,
+                    help="simulated hours before measuring starts (report the steady state, not the start)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--churn", type=float, default=0.10, help="fraction of peers leaving per hour")
     ap.add_argument("--redundancy", type=float, default=2.0, help="sum of layers peers hold / model layers")
@@ -543,6 +613,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="joiners take the weakest window, not one holding the max flow's bottleneck")
     ap.add_argument("--no-fast-fill", action="store_true",
                     help="a gap is filled by one random peer, not by the fastest loaders in parallel")
+    ap.add_argument("--untiered", action="store_true",
+                    help="peers weigh every peer, not only those holding at least as many layers (the rule before)")
+    ap.add_argument("--tiered-counts", action="store_true", help="sole-served layers also counted per tier (a variant)")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
@@ -550,7 +623,8 @@ def main(argv: list[str] | None = None) -> SimResult:
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
-                    fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join)
+                    fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
+                    tiered_counts=a.tiered_counts, warmup_hours=a.warmup_hours)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

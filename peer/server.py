@@ -64,7 +64,7 @@ class PeerServer:
         self.migrations = 0
         self.swarm_key = SwarmKey.load(config.swarm_key) if config.swarm_key else None
         self.moving = False  # while True, new sessions are refused (they go to other peers)
-        self.loading: LayerRange | None = None  # a move's target while its weights load (announced JOINING)
+        self.loading: LayerRange | None = None  # a move's target while its weights load (announced as the record's moving_to)
 
     async def start(self) -> None:
         cfg = self.config
@@ -190,10 +190,12 @@ class PeerServer:
         swapped between two batches, and the new range is announced. The old engine is freed
         when the last reference to it goes.
         """
-        self.loading = target  # others see the target taken (routing.balance counts JOINING) while we load
+        # Announced as moving while we load: balancing counts us at the target already (no second
+        # peer moves there), routing still sees the old layers served (no gap while we load).
+        self.loading = target
         try:
             await self._announce()
-            logger.info("moving from layers %s to %s (announced JOINING there while loading)", self.layers, target)
+            logger.info("moving from layers %s to %s (announced as moving there while loading)", self.layers, target)
             engine, throughput = await self._build_engine(target)
         except Exception:
             self.loading = None
@@ -231,14 +233,10 @@ class PeerServer:
 
     def record(self) -> PeerRecord:
         cfg = self.config
-        layers, state = self.layers, self.state
-        if self.loading is not None and state is PeerState.ONLINE:
-            # Moving: announce the target as JOINING so no second peer moves there meanwhile (the
-            # layers we leave keep other ONLINE servers: routing.plan_move checked). Open sessions
-            # on the old range go on until the swap.
-            layers, state = self.loading, PeerState.JOINING
+        # Moving (migrate): the old layers stay ONLINE until the swap, the target is `moving_to`.
+        moving_to = self.loading if self.state is PeerState.ONLINE else None
         return PeerRecord(
-            peer_id=self.peer_id, model=cfg.model_name, layers=layers, state=state,
+            peer_id=self.peer_id, model=cfg.model_name, layers=self.layers, state=self.state, moving_to=moving_to,
             throughput=self.throughput, free_pages=self.pool.num_free, total_pages=self.pool.num_pages,
             page_size=cfg.page_size, dtype=cfg.dtype, quant=cfg.quant, version=software_version(),
             public_name=cfg.public_name, fingerprint=self.engine.fingerprint,

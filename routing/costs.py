@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from swarm.types import LayerRange, PeerRecord, PeerState
+from swarm.types import LayerRange, PeerRecord
 
 
 @dataclass(frozen=True)
@@ -30,9 +30,10 @@ class RouteCosts:
     # route that avoids it, including routes through peers short of pages, so it is taken
     # only when it is the sole server of some layer.
     ban_penalty: float = 10_000.0
-    # A DRAINING peer still serves but is leaving: a session opened on it must fail over and
-    # replay its history elsewhere soon. 1000 s puts it behind any working route, even one
-    # through peers short of pages, yet ahead of a banned peer, which failed outright.
+    # A DRAINING peer still serves but is leaving, and a moving one (record `moving_to`) swaps
+    # its engine soon: a session opened on either must fail over and replay its history
+    # elsewhere before long. 1000 s puts it behind any working route, even one through peers
+    # short of pages, yet ahead of a banned peer, which failed outright.
     draining_penalty: float = 1_000.0
     # A relayed peer (behind NAT, reached through a libp2p circuit relay) adds the relay's round
     # trip to every step, one more default_rtt; and relays cap each circuit's time and bytes
@@ -67,7 +68,7 @@ def _fixed_cost(record: PeerRecord, rtt: float | None, costs: RouteCosts, pages_
         cost += costs.low_pages_penalty
     if record.relayed:
         cost += costs.relayed_penalty
-    if record.state is PeerState.DRAINING:
+    if record.sessions_end_soon:
         cost += costs.draining_penalty
     return cost
 

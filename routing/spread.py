@@ -32,7 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 from routing.costs import RouteCosts
 from routing.route import NoRouteError, _uncovered, plan_route
-from swarm.types import SERVING, Hop, LayerRange, PeerRecord, PeerState, Route, SwarmView
+from swarm.types import SERVING, Hop, LayerRange, PeerRecord, Route, SwarmView
 
 # Below half its pages free, a peer's queueing delay (~1 / (1 - load)) has doubled: from there
 # on, new sessions are spread rather than piled onto the fastest route.
@@ -70,7 +70,7 @@ def route_weight(record: PeerRecord, ban_level: float, pages_needed: int) -> flo
     weight = max(record.throughput, 1e-9) * max(spare_fraction(record), SPARE_FLOOR)
     if pages_needed > 0 and record.free_pages < pages_needed:
         weight *= LOW_PAGES_FACTOR
-    if record.state is PeerState.DRAINING:
+    if record.sessions_end_soon:  # draining or moving
         weight *= DRAINING_FACTOR
     if ban_level > 0:
         weight *= BANNED_FACTOR**ban_level

@@ -93,11 +93,21 @@ class PeerRecord:
     num_layers: int = 0  # the model's total layer count, so a view knows n without the checkpoint
     updated: float = 0.0  # wall-clock time of the announcement, for display
     relayed: bool = False  # others reach this peer only through a libp2p relay (slower; behind NAT)
+    # Loading these layers to serve them instead of `layers`, which it still serves until the
+    # swap (peer/server.py migrate). Balancing counts it there already; absent in older records.
+    moving_to: LayerRange | None = None
+
+    @property
+    def sessions_end_soon(self) -> bool:
+        """Draining, or moving: a session opened here must fail over and replay before long."""
+        return self.state is PeerState.DRAINING or self.moving_to is not None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if value is None:
+                continue  # optional and unset: absent on the wire
             if isinstance(value, LayerRange):
                 value = [value.start, value.end]
             elif isinstance(value, PeerState):
@@ -121,12 +131,9 @@ class PeerRecord:
         known = {f.name for f in fields(cls)}
         kwargs: dict[str, Any] = {k: v for k, v in data.items() if k in known}
         try:
-            layers = kwargs["layers"]
-            if not (isinstance(layers, (list, tuple)) and len(layers) == 2 and all(type(x) is int for x in layers)):
-                raise ValueError(f"layers must be two ints, got {layers!r:.60}")
-            if layers[1] > MAX_NUM_LAYERS:
-                raise ValueError(f"layers end {layers[1]} is above {MAX_NUM_LAYERS}")
-            kwargs["layers"] = LayerRange(layers[0], layers[1])
+            kwargs["layers"] = _layer_range("layers", kwargs["layers"])
+            if "moving_to" in kwargs:
+                kwargs["moving_to"] = _layer_range("moving_to", kwargs["moving_to"])
             kwargs["state"] = PeerState(kwargs.get("state", PeerState.ONLINE.value))
             if data.get("draining") is True and kwargs["state"] is PeerState.ONLINE:
                 kwargs["state"] = PeerState.DRAINING
@@ -151,8 +158,9 @@ class PeerRecord:
             record = cls(**kwargs)
         except (KeyError, TypeError, IndexError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from e
-        if record.num_layers and record.layers.end > record.num_layers:
-            raise ValueError(f"malformed peer record: layers {record.layers} outside its model's {record.num_layers}")
+        for name, span in (("layers", record.layers), ("moving_to", record.moving_to)):
+            if span is not None and record.num_layers and span.end > record.num_layers:
+                raise ValueError(f"malformed peer record: {name} {span} outside its model's {record.num_layers}")
         return record
 
 
@@ -167,6 +175,14 @@ INT_BOUNDS: dict[str, tuple[int, int]] = {
     "free_pages": (0, 2**31), "total_pages": (0, 2**31), "page_size": (1, 2**16),
     "protocol": (0, 2**16), "num_layers": (0, MAX_NUM_LAYERS),
 }
+
+
+def _layer_range(name: str, value: Any) -> LayerRange:
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(type(x) is int for x in value)):
+        raise ValueError(f"{name} must be two ints, got {value!r:.60}")
+    if value[1] > MAX_NUM_LAYERS:
+        raise ValueError(f"{name} end {value[1]} is above {MAX_NUM_LAYERS}")
+    return LayerRange(value[0], value[1])
 
 
 def _bounded_str(name: str, value: Any) -> str:

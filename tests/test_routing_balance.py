@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -16,13 +17,14 @@ from routing import (
     layer_servers,
     layer_throughput,
     plan_move,
+    plan_route,
     possible_takers,
     should_move,
     strengths,
     urgent_layers,
 )
 from routing.flow import bottleneck_layer, max_flow_throughput, peer_capacities
-from swarm.types import LayerRange, PeerState
+from swarm.types import LayerRange, PeerRecord, PeerState
 from tests.routing_helpers import rec, view
 
 J, OFF = PeerState.JOINING, PeerState.OFFLINE
@@ -87,9 +89,55 @@ def test_should_not_move_if_that_would_uncover_a_layer() -> None:
 
 
 def test_partial_overlap_moves_are_allowed_when_kept_layers_stay_covered() -> None:
-    # a is the only server of layer 3, but its new range 2:6 keeps layer 3.
-    v = view(6, rec("a", "1:5", 10.0), rec("b", "0:3", 10.0), rec("c", "4:6", 0.5))
-    assert should_move(v, "a") == LayerRange(2, 6)
+    # a is the only server of layers 4 and 5, and its new range 4:8 keeps them; b keeps 2:4.
+    v = view(10, rec("a", "2:6", 10.0), rec("b", "0:4", 10.0), rec("c", "6:10", 0.5))
+    assert should_move(v, "a") == LayerRange(4, 8)
+
+
+def test_a_peer_weighs_only_peers_at_least_its_size() -> None:
+    # Big peers (4 layers) hold 0:4 twice; small ones (2 layers) crowd 4:8. A big peer lays
+    # the base where no big peer is, though 4:8 is busier than 0:4 counting everyone; the
+    # small ones weigh everyone and patch the thin spot 0:4.
+    crowd = [rec(f"s{i}", f"{4 + 2 * (i % 2)}:{6 + 2 * (i % 2)}", 10.0) for i in range(6)]
+    v = view(8, rec("b1", "0:4", 5.0), rec("b2", "0:4", 5.0), *crowd)
+    assert layer_throughput(v) == [10.0] * 4 + [30.0] * 4
+    assert layer_throughput(v, min_layers=4) == [10.0] * 4 + [0.0] * 4
+    assert choose_window(layer_throughput(v, min_layers=4), 4, layer_counts(v)) == LayerRange(4, 8)
+    assert choose_window(layer_throughput(v), 4, layer_counts(v)) == LayerRange(0, 4)  # everyone weighed
+    assert should_move(v, "b2") == LayerRange(4, 8)  # 0:4 keeps b1
+    assert should_move(v, "s0") == LayerRange(0, 2)  # 10 now, 20 after: more than 1.33x
+    assert choose_layers(v, 2) == LayerRange(2, 4)  # the max flow runs dry at layer 3
+
+
+def test_real_gaps_come_before_layers_only_smaller_peers_hold() -> None:
+    # For a 3-layer peer, 0:3 (held by a 2-layer peer only) looks empty; 5:8 is really empty.
+    v = view(8, rec("small", "0:2", 1.0), rec("big", "2:5", 1.0))
+    assert layer_throughput(v, min_layers=3) == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+    assert choose_layers(v, 3) == LayerRange(5, 8)
+    assert choose_layers(view(8, rec("small", "0:2", 1.0), rec("big", "2:8", 1.0)), 3) == LayerRange(0, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1.0, 2.5, 6.0])), min_size=2, max_size=9),
+       st.randoms(use_true_random=False))
+def test_balancing_a_fixed_swarm_stops_moving(peers, rng) -> None:
+    # Tiers make each size balance against larger ones; smaller peers change only the
+    # redundancy counts bigger ones see. However they interleave, the moves must end.
+    records = {}
+    for i, (k, thr) in enumerate(peers):
+        records[f"p{i}"] = rec(f"p{i}", str(choose_layers(view(10, *records.values()), k)), thr)
+    order = sorted(records)
+    for _ in range(40):
+        rng.shuffle(order)
+        moved = False
+        for peer_id in order:
+            target = should_move(view(10, *records.values()), peer_id)
+            if target is not None:
+                records[peer_id] = rec(peer_id, str(target), records[peer_id].throughput)
+                moved = True
+        if not moved:
+            return
+    raise AssertionError(f"still moving after 40 rounds: {sorted((r.peer_id, str(r.layers)) for r in records.values())}")
 
 
 def test_should_not_move_for_a_small_gain() -> None:
@@ -248,3 +296,29 @@ def test_drain_helpers_name_urgent_layers_coverage_and_takers() -> None:
     assert layer_throughput(v)[4:] == [0.0] * 4 and layer_counts(v)[4:] == [0] * 4
     assert should_move(v, "b") == LayerRange(4, 8)
     assert should_move(alone, "a") is None
+
+
+def test_a_moving_peer_counts_at_its_target_but_serves_its_old_layers() -> None:
+    # m moves from 0:4 to 2:6 and still serves 0:4 until its swap.
+    mover = replace(rec("m", "0:4", 5.0), moving_to=LayerRange(2, 6))
+    v = view(8, mover, rec("a", "0:2", 1.0), rec("b", "6:8", 1.0))
+    assert layer_throughput(v) == [1.0, 1.0, 5.0, 5.0, 5.0, 5.0, 1.0, 1.0]  # balancing: at its target
+    assert layer_counts(v) == [1] * 8
+    assert layer_servers(v) == [1, 1, 1, 1, 0, 0, 1, 1]  # it keeps serving 2:4 only after the swap
+    assert v.uncovered_layers() == [4, 5]  # and covers 0:4 now; 4:6 only once loaded
+    assert urgent_layers(v) == [4, 5]
+    assert mover.sessions_end_soon and not rec("a", "0:2").sessions_end_soon
+    assert PeerRecord.from_dict(mover.to_dict()) == mover  # survives the wire
+    assert "moving_to" not in rec("a", "0:2").to_dict()  # absent unless moving, as older peers write
+    # a may leave 0:2 only if another peer keeps serving it: the mover leaves those layers.
+    assert not covered_without(v, "a")
+    assert possible_takers(v, "a") == ["m"]
+
+
+def test_routes_avoid_a_moving_peer_where_another_serves() -> None:
+    # Sessions on a mover fail over at its swap: like a draining peer, a last resort.
+    mover = replace(rec("m", "0:4", 50.0), moving_to=LayerRange(4, 8))
+    v = view(8, mover, rec("slow", "0:4", 1.0), rec("b", "4:8", 1.0))
+    assert [h.peer_id for h in plan_route(v)] == ["slow", "b"]
+    alone = view(8, mover, rec("b", "4:8", 1.0))
+    assert [h.peer_id for h in plan_route(alone)] == ["m", "b"]
