@@ -21,12 +21,23 @@ from swarm.types import LayerRange, PeerRecord
 from tests.test_records import settle
 
 
-def test_signed_view_carries_each_record_as_its_owner_signed_it(swarm_trio) -> None:
-    bootstrap, server, stranger = swarm_trio
-    model = f"signed-{uuid.uuid4().hex[:8]}"
-    key = model_key(model)
+def _announce_pair(bootstrap: Any, server: Any, prefix: str) -> tuple[str, str]:
+    """Both nodes announce half of a fresh 8-layer model at 5 tokens/s; returns (model, DHT key)."""
+    model = f"{prefix}-{uuid.uuid4().hex[:8]}"
     for node, (a, b) in ((bootstrap, (0, 4)), (server, (4, 8))):
         assert node.announce(PeerRecord(node.peer_id, model, LayerRange(a, b), num_layers=8, throughput=5.0), ttl=30)
+    return model, model_key(model)
+
+
+def _flip_throughput_byte(value: bytes) -> bytes:
+    """The signed value with one byte of its throughput float changed."""
+    at = value.index(b"throughput") + 11
+    return value[:at] + bytes([value[at] ^ 1]) + value[at + 1:]
+
+
+def test_signed_view_carries_each_record_as_its_owner_signed_it(swarm_trio) -> None:
+    bootstrap, server, stranger = swarm_trio
+    model, key = _announce_pair(bootstrap, server, "signed")
     # A stranger speaks for the server, signed with its own key under the server's name: dropped.
     lie = PeerRecord(server.peer_id, model, LayerRange(0, 8), num_layers=8, throughput=1e5).to_dict()
     assert stranger.dht.store(key, lie, get_dht_time() + 30, subkey=stranger.signer.owned(server.peer_id))
@@ -43,8 +54,7 @@ def test_signed_view_carries_each_record_as_its_owner_signed_it(swarm_trio) -> N
             assert PeerRecord.from_dict(value) == view.records[peer]
             stored = DHTRecord(dht_key_bytes(key), entry.subkey, entry.value, entry.expiration_time)
             assert reader.signer.validator.validate(stored)  # hivemind's validator, on the relayed bytes
-            at = entry.value.index(b"throughput") + 11  # a byte of the signed float
-            tampered = entry.value[:at] + bytes([entry.value[at] ^ 1]) + entry.value[at + 1:]
+            tampered = _flip_throughput_byte(entry.value)
             assert not reader.signer.validator.validate(DHTRecord(stored.key, stored.subkey, tampered,
                                                                   stored.expiration_time))
             assert open_signed(model_key("another-model"), entry, reader.signer) is None
@@ -59,14 +69,10 @@ async def _plant(key: str, record: SignedRecord, _dht: Any, node: Any) -> bool:
 def test_a_value_that_does_not_verify_is_never_relayed(swarm_trio) -> None:
     """Even one that reached a reader's own storage unchecked: the reader checks again before relaying."""
     bootstrap, server, reader = swarm_trio
-    model = f"planted-{uuid.uuid4().hex[:8]}"
-    key = model_key(model)
-    for node, (a, b) in ((bootstrap, (0, 4)), (server, (4, 8))):
-        assert node.announce(PeerRecord(node.peer_id, model, LayerRange(a, b), num_layers=8, throughput=5.0), ttl=30)
+    model, key = _announce_pair(bootstrap, server, "planted")
     _, signed = settle(lambda: asyncio.run(reader.fetch_signed_view_async(model)), lambda found: len(found[1]) == 2)
     good = signed[server.peer_id]
-    at = good.value.index(b"throughput") + 11
-    forged = SignedRecord(good.subkey, good.value[:at] + bytes([good.value[at] ^ 1]) + good.value[at + 1:],
+    forged = SignedRecord(good.subkey, _flip_throughput_byte(good.value),
                           good.expiration_time + 5.0)  # newer: the DHT keeps it over the true one
     assert reader.dht.run_coroutine(functools.partial(_plant, key, forged))
     # hivemind's get does not check its own storage again: the plain view now holds the forgery ...
