@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from client.monitor.collector import Collector
 from client.monitor.metrics import make_registry, render_metrics
-from client.monitor.page import render_page
+from client.monitor.page import peer_row, render_page
 from client.monitor.state import (
     Probe,
     build_state,
@@ -62,6 +62,14 @@ def test_joining_peers_are_counted_apart_and_do_not_cover() -> None:
     only_joining = model_state(view(rec("a", 0, 3), rec("j", 3, 6, PeerState.JOINING)), ok("a", "j"))
     assert not only_joining["healthy"] and only_joining["gaps"] == [[3, 6]]
     assert only_joining["peer_counts"]["joining"] == 1 and only_joining["peer_counts"]["serving"] == 1
+
+
+def test_a_moving_peer_covers_its_old_layers_and_shows_its_target_loading() -> None:
+    m = model_state(view(rec("a", 0, 3), rec("m", 3, 6, moving_to=LayerRange(0, 3))), ok("a", "m"))
+    assert m["healthy"] and [c["online"] for c in m["layers"]] == [1] * 6  # it serves 3:6 until its swap
+    assert [c["joining"] for c in m["layers"]] == [1, 1, 1, 0, 0, 0]
+    mover = next(p for p in m["peers"] if p["peer_id"] == "m")
+    assert mover["moving_to"] == [0, 3] and "moving to 0:3" in peer_row(mover, 6)
 
 
 def test_unreachable_and_offline_peers_do_not_cover() -> None:

@@ -87,6 +87,14 @@ def reach_cell(peer: Mapping[str, Any]) -> str:
     return f'<span class="bad">no</span><span class="err">{esc(peer["error"] or "")}</span>'
 
 
+def state_pill(peer: Mapping[str, Any]) -> str:
+    pill = f'<span class="pill {esc(peer["state"])}">{esc(peer["state"])}</span>'
+    moving_to = peer.get("moving_to")
+    if moving_to:
+        pill += f' <span class="muted">moving to {int(moving_to[0])}:{int(moving_to[1])}</span>'
+    return pill
+
+
 def peer_row(peer: Mapping[str, Any], num_layers: int) -> str:
     name = peer["public_name"] or "(unnamed)"
     quant = "" if peer["quant"] in ("", "none") else f' / {esc(peer["quant"])}'
@@ -95,7 +103,7 @@ def peer_row(peer: Mapping[str, Any], num_layers: int) -> str:
         ("Name", "name wide", esc(name)),
         ("Peer", "mono", f'<span title="{esc(peer["peer_id"])}">…{esc(peer["short_id"])}</span>'),
         ("Layers", "", range_bar(peer["layers"], num_layers)),
-        ("State", "", f'<span class="pill {esc(peer["state"])}">{esc(peer["state"])}</span>'),
+        ("State", "", state_pill(peer)),
         ("Throughput", "num", fmt_rate(peer["throughput"]) + " tok/s"),
         ("Free KV pages", "num", pages),
         ("Dtype", "mono", esc(peer["dtype"]) + quant),

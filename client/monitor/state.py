@@ -106,6 +106,8 @@ def peer_entry(record: PeerRecord, probe: Probe | None, reports: int = 0) -> dic
         "public_name": record.public_name,
         "layers": [record.layers.start, record.layers.end],
         "state": record.state.value,
+        # Loading these layers to serve them instead (it serves `layers` until the swap).
+        "moving_to": None if record.moving_to is None else [record.moving_to.start, record.moving_to.end],
         "throughput": record.throughput,
         "free_pages": record.free_pages,
         "total_pages": record.total_pages,
@@ -154,6 +156,9 @@ def model_state(
                 online[layer] += 1
                 capacity[layer] += peer["throughput"]
             elif peer["state"] == PeerState.JOINING.value:
+                joining[layer] += 1
+        if peer["moving_to"] is not None:  # loading its target: a joiner there, a server where it is
+            for layer in range(peer["moving_to"][0], min(peer["moving_to"][1], n)):
                 joining[layer] += 1
     gaps = layer_ranges(count == 0 for count in online)
     serving = [p for p in peers if counts_as_serving(p)]
