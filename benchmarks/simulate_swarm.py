@@ -96,7 +96,6 @@ class SimConfig:
     flow_join: bool = True  # joiners take a window holding the max flow's bottleneck (routing.flow)
     fast_fill: bool = True  # gaps are filled by the fastest loaders first, in parallel
     tiered: bool = True  # a peer weighs only peers holding at least as many layers (routing.balance)
-    tiered_counts: bool = False  # ... for the sole-server discount too (else every peer counts there)
     warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
 
 
@@ -107,22 +106,14 @@ class _Peer:
     thr: float
     rtt: float
     layers: LayerRange | None = None  # where balancing counts it: a mover's target
-    serving: LayerRange | None = None  # what it serves now (None while it first loads)
+    serving: LayerRange | None = None  # what it serves now (None while it loads)
     draining: bool = False
     drain_deadline: float = 0.0
     generation: int = 0  # bumped on every move, so a stale "online" event is ignored
 
     @property
     def loading(self) -> bool:
-        """Joining, or moving (record `moving_to`: it serves its old layers until the swap)."""
-        return self.serving != self.layers
-
-    def kept(self) -> LayerRange | None:
-        """The layers it will go on serving (routing.layer_servers): a mover keeps only the overlap."""
-        if self.serving is None or self.layers is None:
-            return None
-        start, end = max(self.serving.start, self.layers.start), min(self.serving.end, self.layers.end)
-        return LayerRange(start, end) if start < end else None
+        return self.serving is None
 
 
 @dataclass
@@ -158,15 +149,15 @@ class _Swarm:
     """Per-layer arrays kept incrementally.
 
     Balancing's view (ONLINE + JOINING, movers at their target, not DRAINING): thr, counted.
-    Serving (ONLINE, DRAINING too, movers on their old layers): online_thr, online_n, uncovered.
-    Staying servers (ONLINE, not DRAINING, movers on the layers they keep): staying_n.
+    Serving (ONLINE, DRAINING too): online_thr, online_n, uncovered. Staying servers (ONLINE,
+    not DRAINING): staying_n. A mover pauses while it loads (memory for one range only).
     """
 
     def __init__(self, num_layers: int) -> None:
         self.thr = [0.0] * num_layers
         self.counted = [0] * num_layers
-        self.thr_by_k: dict[int, list[float]] = {}  # balancing throughput per peer size (tiered mode)
-        self.counted_by_k: dict[int, list[int]] = {}
+        self.thr_by_k: dict[int, list[float]] = {}  # balancing throughput per peer size (tiers)
+        self.counted_by_k: dict[int, list[int]] = {}  # ... and counts, so 0 there means nobody of that size
         self.online_thr = [0.0] * num_layers
         self.online_n = [0] * num_layers
         self.staying_n = [0] * num_layers
@@ -187,15 +178,13 @@ class _Swarm:
             if tier_thr[layer] < 1e-9 or not tier_n[layer]:
                 tier_thr[layer] = 0.0
 
-    def at_least(self, k: int) -> tuple[list[float], list[int]]:
-        """Balancing throughput and counts of the peers holding at least k layers."""
-        n = len(self.thr)
-        thr, counted = [0.0] * n, [0] * n
-        for size in self.thr_by_k:
+    def at_least(self, k: int) -> list[float]:
+        """Balancing throughput of the peers holding at least k layers (routing.balance's tiers)."""
+        thr = [0.0] * len(self.thr)
+        for size, tier in self.thr_by_k.items():
             if size >= k:
-                thr = [a + b for a, b in zip(thr, self.thr_by_k[size])]
-                counted = [a + b for a, b in zip(counted, self.counted_by_k[size])]
-        return thr, counted
+                thr = [a + b for a, b in zip(thr, tier)]
+        return thr
 
     def serve(self, span: LayerRange, p: _Peer, sign: int) -> None:
         for layer in range(span.start, span.end):
@@ -277,10 +266,6 @@ def simulate(cfg: SimConfig) -> SimResult:
         push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
 
     def go_online(p: _Peer) -> None:
-        """Loaded: a joiner starts serving; a mover swaps its old layers for the new ones."""
-        if p.serving is not None:
-            swarm.serve(p.serving, p, -1)
-            swarm.stay(p.kept(), -1)
         p.serving = p.layers
         swarm.serve(p.serving, p, +1)
         swarm.stay(p.serving, +1)
@@ -290,7 +275,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         if p.serving is not None:
             swarm.serve(p.serving, p, -1)
             if not p.draining:
-                swarm.stay(p.kept(), -1)
+                swarm.stay(p.serving, -1)
         del peers[p.peer_id]
         if not p.draining:  # a drained peer announced OFFLINE and left balancing when it started draining
             expiring[p.peer_id] = p
@@ -309,13 +294,15 @@ def simulate(cfg: SimConfig) -> SimResult:
                            discount=cfg.sole_discount)
         if target is None:
             return False
-        # Announced as moving (peer/server.py migrate): balancing counts it at the target now,
-        # it serves its old layers until the new ones are loaded, and stays only on the overlap.
+        # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
+        # one range cannot keep the old one (a peer with room for both serves on, peer/server.py
+        # migrate; plan_move lets nobody move whose layers would go dark either way).
         swarm.stay(p.serving, -1)
+        swarm.serve(p.serving, p, -1)
+        p.serving = None
         swarm.place(p, -1)
         p.layers, p.generation = target, p.generation + 1
         swarm.place(p, +1)
-        swarm.stay(p.kept(), +1)
         push(now + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
         return True
 
@@ -386,8 +373,7 @@ def simulate(cfg: SimConfig) -> SimResult:
                 p.draining, p.drain_deadline = True, now + cfg.drain_max_s
                 drain_started[pid] = now
                 swarm.place(p, -1)  # leaves balancing at once: others see its layers thin
-                swarm.stay(p.kept(), -1)
-                p.layers, p.generation = p.serving, p.generation + 1  # a move in progress is dropped
+                swarm.stay(p.serving, -1)
                 if swarm.covered_without(p):
                     push(now, "drained", pid)
                 else:
@@ -441,14 +427,13 @@ def simulate(cfg: SimConfig) -> SimResult:
             series["migrations"].append(migrations)
             series["sole_layers"].append(swarm.staying_n.count(1))
             series["memory_ratio"].append(round(sum(q.k for q in peers.values() if not q.draining) / num_layers, 4))
-            sole_counts.append(sum(1 for q in peers.values() if not q.draining and (kept := q.kept()) is not None
-                                   and 1 in swarm.staying_n[kept.start:kept.end]))
+            sole_counts.append(sum(1 for q in peers.values() if not q.draining and q.serving is not None
+                                   and 1 in swarm.staying_n[q.serving.start:q.serving.end]))
         elif kind == "route":
             serving = [q for q in peers.values() if q.serving is not None]
             records = {
                 q.peer_id: PeerRecord(q.peer_id, "sim", q.serving,
-                                      PeerState.DRAINING if q.draining else PeerState.ONLINE, q.thr, free_pages=100,
-                                      moving_to=q.layers if q.loading else None)
+                                      PeerState.DRAINING if q.draining else PeerState.ONLINE, q.thr, free_pages=100)
                 for q in serving
             }
             view = SwarmView("sim", num_layers, records, {q: peers[q].rtt for q in records})
@@ -508,10 +493,7 @@ def _balance_arrays(swarm: _Swarm, k: int, cfg: SimConfig, counts: list[int] | N
     """(per-layer throughput, counts) a peer of k layers balances on (shared lists: copy before changing)."""
     if not cfg.tiered:
         return swarm.thr, counts
-    thr, tier_counts = swarm.at_least(k)
-    if counts is None:
-        return thr, None
-    return thr, tier_counts if cfg.tiered_counts else counts
+    return swarm.at_least(k), counts
 
 
 def _flows(serving: list[_Peer], num_layers: int) -> tuple[float, float, float]:
@@ -615,7 +597,6 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="a gap is filled by one random peer, not by the fastest loaders in parallel")
     ap.add_argument("--untiered", action="store_true",
                     help="peers weigh every peer, not only those holding at least as many layers (the rule before)")
-    ap.add_argument("--tiered-counts", action="store_true", help="sole-served layers also counted per tier (a variant)")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
@@ -624,7 +605,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
-                    tiered_counts=a.tiered_counts, warmup_hours=a.warmup_hours)
+                    warmup_hours=a.warmup_hours)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

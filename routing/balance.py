@@ -184,7 +184,10 @@ def plan_move(
     local bottleneck be the minimum per-layer throughput over the layers of `current` and
     the candidate together (the only layers a move changes). Move iff
       * the candidate differs from `current`,
-      * every layer the peer would stop serving keeps another ONLINE server, and
+      * every layer it serves now has another ONLINE server (one that is not moving away):
+        a peer whose memory holds only its own range stops serving to load the new one
+        (a peer with room for both keeps serving, peer/server.py migrate, but none counts
+        on it), so even a layer it keeps would go dark for the load; and
       * local bottleneck now < quality * local bottleneck after the move
         (i.e. it grows by more than 1/quality).
     The swarm's global bottleneck therefore never drops, and rises when it lies in the
@@ -203,8 +206,8 @@ def plan_move(
     if target == current:
         return None
     for layer in range(current.start, current.end):
-        if not target.start <= layer < target.end and others_online[layer] <= 0:
-            return None  # leaving would uncover this layer
+        if others_online[layer] <= 0:
+            return None  # a layer only I serve: while I load my new range it would go dark
     mine = set(range(current.start, current.end))
     theirs = set(range(target.start, target.end))
     touched = mine | theirs  # only these layers change; far-apart ranges stay O(k)
