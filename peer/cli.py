@@ -214,6 +214,7 @@ def serve(
     num_layers: Annotated[int | None, typer.Option("--num-layers", help="Serve this many layers where the swarm is weakest, and move when a gap opens. Default (no --layers either): as many as fit in memory.")] = None,
     balance_period: Annotated[float, typer.Option(help="Seconds between checks whether moving would help the swarm (randomised +-25%).")] = 120.0,
     balance_quality: Annotated[float, typer.Option(help="Move only if the swarm's bottleneck throughput grows by more than 1/quality.")] = 0.75,
+    move_mode: Annotated[str, typer.Option(help="How a move loads its new layers: beside (keep serving the old ones meanwhile; needs memory for both), in-place (free the old ones first), or auto (beside when free memory holds the new ones).")] = "auto",
     initial_peers: InitialPeers = None,
     model_name: Annotated[str | None, typer.Option(help="Name of the model in the DHT. Default: the Hub repo id, or the checkpoint folder's name.")] = None,
     host_maddrs: HostMaddrs = None,
@@ -268,6 +269,8 @@ def serve(
         raise typer.BadParameter("must be at least 1", param_hint="--num-layers")
     if not 0 < balance_quality <= 1:
         raise typer.BadParameter("must be in (0, 1]", param_hint="--balance-quality")
+    if move_mode not in ("auto", "beside", "in-place"):
+        raise typer.BadParameter(f"{move_mode!r}: choose auto, beside or in-place", param_hint="--move-mode")
     load_swarm_key(swarm_key)  # a bad key file is reported now, not after loading weights
     check_identity(identity)
     if not 0 < announce_ttl <= 3600:  # the DHT refuses records that claim to live longer than an hour
@@ -295,6 +298,7 @@ def serve(
         num_layers=num_layers,
         balance_period=balance_period,
         balance_quality=balance_quality,
+        move_mode=move_mode,
         model_name=model_name or source.default_name,
         model_repo=source.repo_id,
         revision=revision,

@@ -78,6 +78,9 @@ class PeerConfig:
     cuda_graphs: bool = True  # decode-only batches on CUDA replay captured graphs (--no-cuda-graphs: eager)
     balance_period: float = 120.0  # seconds between re-reads of the swarm (randomised +-25%)
     balance_quality: float = 0.75  # move only if the bottleneck grows by more than 1/quality
+    # How a move loads its new range: "beside" the old one (serving on; needs memory for both),
+    # "in-place" (free the old range first), or "auto" (beside when free memory holds it).
+    move_mode: str = "auto"
     faulty: FaultyOutputs | None = None  # TEST ONLY: a lying peer, to exercise client verification
     limits: ServingLimits = field(default_factory=ServingLimits)
 

@@ -12,6 +12,7 @@ stop: announce OFFLINE -> refuse new work -> tell open sessions -> free everythi
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -23,7 +24,7 @@ from peer.config import DTYPES, PeerConfig
 from peer.drain import wait_until_covered
 from peer.engine import ServingEngine
 from peer.handler import ServedModel, StreamHandler
-from peer.memory import available_bytes
+from peer.memory import HEADROOM, available_bytes
 from peer.push import PushLinks
 from peer.rate_limit import RateLimiter
 from peer.scheduler import BatchScheduler
@@ -33,6 +34,7 @@ from shards.batch import BatchLayout
 from shards.config import ModelConfig
 from shards.kv_cache import KVCache
 from shards.paging import PagePool
+from shards.quant import memory_plan
 from shards.resolve import resolve_for_peer
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
@@ -64,7 +66,9 @@ class PeerServer:
         self.migrations = 0
         self.swarm_key = SwarmKey.load(config.swarm_key) if config.swarm_key else None
         self.moving = False  # while True, new sessions are refused (they go to other peers)
-        self.loading: LayerRange | None = None  # a move's target while its weights load (announced as the record's moving_to)
+        self.loading: LayerRange | None = None  # a move's target while its weights load
+        self.in_place = False  # that move freed the old layers first (announced JOINING, not moving_to)
+        self.engine: ServingEngine | None = None  # None only while moving in place
 
     async def start(self) -> None:
         cfg = self.config
@@ -169,8 +173,6 @@ class PeerServer:
             per_token += self.model_config.hidden_size * torch.empty((), dtype=dtype).element_size()
         free = available_bytes(cfg.device)
         if cfg.device.startswith("cuda"):  # the weights are not loaded yet: leave room for them
-            from shards.quant import memory_plan
-
             free -= memory_plan(self.model_config, len(layers), cfg.quant, dtype, 0,
                                 cfg.quant_group_size)["weight_bytes"]
         pages = int(free * cfg.cache_fraction) // (per_token * cfg.page_size)
@@ -185,11 +187,30 @@ class PeerServer:
     async def migrate(self, target: LayerRange) -> None:
         """Serve `target` instead of the current range, without dropping a request silently.
 
-        The new engine (weights, cache, graphs) is built while the old range keeps serving; then
-        open sessions are told to fail over (a clear retryable error frame each), the engine is
-        swapped between two batches, and the new range is announced. The old engine is freed
-        when the last reference to it goes.
+        Beside the old range when memory holds both (or --move-mode beside): the new engine
+        (weights, cache, graphs) is built while the old range keeps serving, announced as the
+        record's `moving_to`; then open sessions are told to fail over (a clear retryable error
+        frame each) and the engines are swapped between two batches. In place otherwise (a GPU
+        filled by its own range, or --move-mode in-place): announced JOINING on the target, the
+        open sessions fail over and the old engine is freed before loading. routing.plan_move
+        moves only a peer whose every layer has another server, so neither way leaves a gap.
+        A failed load serves the old range again.
         """
+        if self._room_beside(target):
+            await self._move_beside(target)
+        else:
+            await self._move_in_place(target)
+
+    def _room_beside(self, target: LayerRange) -> bool:
+        """Does the device hold `target`'s engine next to the current one?"""
+        cfg = self.config
+        if cfg.move_mode != "auto":
+            return cfg.move_mode == "beside"
+        need = memory_plan(self.model_config, len(target), cfg.quant, DTYPES[cfg.dtype], self.num_pages * cfg.page_size,
+                           cfg.quant_group_size)["total_bytes"]
+        return int(need) <= available_bytes(cfg.device) * HEADROOM
+
+    async def _move_beside(self, target: LayerRange) -> None:
         # Announced as moving while we load: balancing counts us at the target already (no second
         # peer moves there), routing still sees the old layers served (no gap while we load).
         self.loading = target
@@ -205,6 +226,40 @@ class PeerServer:
             self.loading = None
         old, self.moving = self.layers, True
         await self.handler.fail_all("wrong_layers", f"peer moved from layers {old} to {target}; fail over")
+        await self._install(engine, throughput, target)
+
+    async def _move_in_place(self, target: LayerRange) -> None:
+        old = self.layers
+        self.loading, self.in_place, self.moving = target, True, True
+        try:
+            await self._announce()
+            why = "--move-mode in-place" if self.config.move_mode == "in-place" else "no memory for both"
+            logger.info("moving from layers %s to %s in place (%s): announced JOINING there, freeing the old "
+                        "layers first", old, target, why)
+            await self.handler.fail_all("wrong_layers", f"peer is moving from layers {old} to {target}; fail over")
+            await self.scheduler.run_exclusive(self._release_engine)
+            try:
+                engine, throughput = await self._build_engine(target)
+            except Exception:
+                logger.exception("loading layers %s failed; loading layers %s again", target, old)
+                engine, throughput = await self._build_engine(old)
+                target = old
+        except Exception:
+            self.state = PeerState.OFFLINE  # nothing loaded: nobody may route here
+            raise
+        finally:
+            self.loading, self.in_place = None, False
+        await self._install(engine, throughput, target)
+
+    def _release_engine(self) -> None:
+        """(On the compute thread, between batches.) Drop the engine so its memory can be reused."""
+        self.engine, self.handler.page_outputs = None, None
+        gc.collect()
+        if self.config.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    async def _install(self, engine: ServingEngine, throughput: float, target: LayerRange) -> None:
+        """Make `engine` (serving `target`) the current one and announce it ONLINE there."""
 
         def swap() -> None:  # on the compute thread: no batch is running on the old engine
             self.engine = engine
@@ -233,13 +288,19 @@ class PeerServer:
 
     def record(self) -> PeerRecord:
         cfg = self.config
-        # Moving (migrate): the old layers stay ONLINE until the swap, the target is `moving_to`.
-        moving_to = self.loading if self.state is PeerState.ONLINE else None
+        # Moving beside (migrate): the old layers stay ONLINE until the swap, the target is
+        # `moving_to`. Moving in place: nothing is served, the target is JOINING.
+        layers, state, moving_to = self.layers, self.state, None
+        if self.loading is not None and state is PeerState.ONLINE:
+            if self.in_place:
+                layers, state = self.loading, PeerState.JOINING
+            else:
+                moving_to = self.loading
         return PeerRecord(
-            peer_id=self.peer_id, model=cfg.model_name, layers=self.layers, state=self.state, moving_to=moving_to,
+            peer_id=self.peer_id, model=cfg.model_name, layers=layers, state=state, moving_to=moving_to,
             throughput=self.throughput, free_pages=self.pool.num_free, total_pages=self.pool.num_pages,
             page_size=cfg.page_size, dtype=cfg.dtype, quant=cfg.quant, version=software_version(),
-            public_name=cfg.public_name, fingerprint=self.engine.fingerprint,
+            public_name=cfg.public_name, fingerprint=self.registry.fingerprint,
             addrs=tuple(self.visible_maddrs()), num_layers=self.model_config.num_layers, updated=time.time(),
             relayed=cfg.relayed,
         )
@@ -255,8 +316,8 @@ class PeerServer:
                 "pushes": self.push_links.pushes,
                 "uptime": round(time.time() - self.started, 1),
                 "migrations": self.migrations,
-                "graph_batches": self.engine.steps["graph"],
-                "eager_batches": self.engine.steps["eager"],
+                "graph_batches": self.engine.steps["graph"] if self.engine is not None else 0,
+                "eager_batches": self.engine.steps["eager"] if self.engine is not None else 0,
                 "errors": dict(self.handler.errors),
                 "refusals": dict(self.registry.counters),
             },
@@ -264,6 +325,8 @@ class PeerServer:
 
     def _run_batch(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int],
                    stateful: bool) -> torch.Tensor:
+        if self.engine is None:  # moving in place: the sessions were failed over, this step came late
+            raise RuntimeError("no layers are loaded while this peer moves; fail over")
         return self.engine.run_batch(hidden, layout, layers, stateful)  # whichever engine is current
 
     async def _announce(self) -> None:

@@ -57,6 +57,7 @@ def in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.Complete
         (["--public-ip", "home", "--port", "31337"], ["--public-ip 'home' is not an IP address"]),
         (["--revision", "v1"], ["drop --revision"]),
         (["--quant", "int3"], ["--quant", "choose none, int8 or int4"]),
+        (["--move-mode", "swap"], ["--move-mode", "choose auto, beside or in-place"]),
     ],
 )
 def test_bad_serve_options(tiny_model: Path, capsys: pytest.CaptureFixture, args: list[str],
