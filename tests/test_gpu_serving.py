@@ -16,6 +16,7 @@ with transformers: the real weights are not available where the GPU runs.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -143,6 +144,26 @@ def test_a_move_captures_new_graphs_while_the_old_engine_serves(checkpoint: Path
     new.run_batch(x, BatchLayout([20], [0], table, 16), (15, 30), True)
     assert new.run_batch(x[:1], BatchLayout.decode([20], table, 16), (15, 30), True).isfinite().all()
     assert new.steps["graph"] == 1
+
+
+def test_a_dropped_engine_gives_its_memory_back(checkpoint: Path) -> None:
+    """A move in place (`PeerServer._release_engine`) frees the old engine by dropping it: no
+    graph pool, cache or weight may stay behind, or the new range would not fit."""
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    engine = ServingEngine(Shard.from_pretrained(checkpoint, 0, 15, dtype=torch.bfloat16, device="cuda"),
+                           num_pages=64, page_size=16, max_length=512)
+    engine.run_batch(torch.randn(20, 576).to(torch.bfloat16), BatchLayout([20], [0], [[0, 1]], 16), (0, 15), True)
+    engine.run_batch(torch.randn(1, 576).to(torch.bfloat16), BatchLayout.decode([20], [[0, 1]], 16), (0, 15), True)
+    assert engine.steps["graph"] == 1
+    held = torch.cuda.memory_allocated() - before
+    assert held > 10 * 2**20  # weights and cache of 15 layers
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() - before < 0.02 * held, "the dropped engine kept its memory"
 
 
 # ---------------------------------------------------------------- through real peer processes
