@@ -24,6 +24,16 @@ from shards.batch import BatchLayout
 from shards.kv_cache import KVCache
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+# One side stream per device for every capture's warm-up: PyTorch keeps a cuBLAS workspace per
+# stream for the life of the process, so a fresh stream per bucket left ~96 MiB behind every
+# engine a peer built and dropped (measured on an H200; a peer that moves builds many).
+_WARMUP_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _WARMUP_STREAMS:
+        _WARMUP_STREAMS[device] = torch.cuda.Stream(device)
+    return _WARMUP_STREAMS[device]
 
 
 @torch.inference_mode()
@@ -133,7 +143,7 @@ class DecodeGraphs:
             if bs in self.graphs:
                 continue
             self._fill_padding(bs)  # warm-up and capture write no KV (every row is padding)
-            stream = torch.cuda.Stream()
+            stream = _warmup_stream(self.shard.device)
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # compile / autotune the kernels outside the capture

@@ -149,21 +149,31 @@ def test_a_move_captures_new_graphs_while_the_old_engine_serves(checkpoint: Path
 def test_a_dropped_engine_gives_its_memory_back(checkpoint: Path) -> None:
     """A move in place (`PeerServer._release_engine`) frees the old engine by dropping it: no
     graph pool, cache or weight may stay behind, or the new range would not fit."""
+
+    def build_run_and_drop() -> tuple[int, int]:
+        """(bytes the engine held, bytes allocated once it is dropped)"""
+        start = torch.cuda.memory_allocated()
+        engine = ServingEngine(Shard.from_pretrained(checkpoint, 0, 15, dtype=torch.bfloat16, device="cuda"),
+                               num_pages=64, page_size=16, max_length=512)
+        engine.run_batch(torch.randn(20, 576).to(torch.bfloat16), BatchLayout([20], [0], [[0, 1]], 16), (0, 15), True)
+        engine.run_batch(torch.randn(1, 576).to(torch.bfloat16), BatchLayout.decode([20], [[0, 1]], 16), (0, 15), True)
+        assert engine.steps["graph"] == 1
+        held = torch.cuda.memory_allocated() - start
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        return held, torch.cuda.memory_allocated()
+
     gc.collect()
-    torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    engine = ServingEngine(Shard.from_pretrained(checkpoint, 0, 15, dtype=torch.bfloat16, device="cuda"),
-                           num_pages=64, page_size=16, max_length=512)
-    engine.run_batch(torch.randn(20, 576).to(torch.bfloat16), BatchLayout([20], [0], [[0, 1]], 16), (0, 15), True)
-    engine.run_batch(torch.randn(1, 576).to(torch.bfloat16), BatchLayout.decode([20], [[0, 1]], 16), (0, 15), True)
-    assert engine.steps["graph"] == 1
-    held = torch.cuda.memory_allocated() - before
-    assert held > 10 * 2**20  # weights and cache of 15 layers
-    del engine
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.synchronize()
-    assert torch.cuda.memory_allocated() - before < 0.02 * held, "the dropped engine kept its memory"
+    held, after_first = build_run_and_drop()
+    assert held > 100 * 2**20  # weights, cache and graph pools of 15 layers
+    # The first engine's kernels leave process-wide workspaces behind (cuBLAS: 96 MiB measured on
+    # an H200), allocated once: far less than the engine. A second engine's memory all comes back.
+    assert after_first - before < held / 2, f"{before=} {held=} {after_first=}"
+    _, after_second = build_run_and_drop()
+    assert after_second - after_first < 0.02 * held, f"the dropped engine kept its memory: {after_first=} {after_second=}"
 
 
 # ---------------------------------------------------------------- through real peer processes
