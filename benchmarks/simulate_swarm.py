@@ -327,7 +327,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     for t in range(0, int(end) + 1, int(ROUTE_PERIOD_S)):
         push(float(t) + 0.5, "route")
 
-    joins = departures = migrations = routes_failed = drains = drains_timed_out = 0
+    joins = departures = migrations = routes_failed = drains = drains_timed_out = warmup_moves = 0
     uncovered_time = uncovered_layer_time = 0.0
     peer_seconds = 0.0
     last = 0.0
@@ -354,6 +354,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         last = now
         p = peers.get(pid)
         if kind == "measure":  # warm-up over: count from here
+            warmup_moves = migrations
             joins = departures = migrations = routes_failed = drains = drains_timed_out = 0
             uncovered_time = uncovered_layer_time = peer_seconds = 0.0
             for values in (ratios, route_costs, route_hops, plan_ms, drain_s, flow_ratios, spread_ratios,
@@ -424,7 +425,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             series["t_h"].append(now / per_hour)
             series["ratio"].append(round(ratio, 4))
             series["uncovered_layers"].append(swarm.uncovered)
-            series["migrations"].append(migrations)
+            series["migrations"].append(warmup_moves + migrations)  # cumulative over the whole run
             series["sole_layers"].append(swarm.staying_n.count(1))
             series["memory_ratio"].append(round(sum(q.k for q in peers.values() if not q.draining) / num_layers, 4))
             sole_counts.append(sum(1 for q in peers.values() if not q.draining and q.serving is not None
@@ -567,6 +568,10 @@ def plot(r: SimResult, path: Path) -> None:
     axes[2].set_ylabel("moves per peer (cum.)")
     axes[2].set_xlabel("simulated hours")
     c = r.config
+    if c["warmup_hours"]:
+        for ax in axes:
+            ax.axvline(c["warmup_hours"], color="grey", linestyle=":", linewidth=0.8)
+        axes[0].text(c["warmup_hours"], 100, " measured from here", fontsize=8, va="top")
     fig.suptitle(f"{c['peers']} peers, {r.num_layers} layers, churn {c['churn']:.0%}/h, seed {c['seed']}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
