@@ -29,8 +29,8 @@ JITTER = 0.25
 WATCH_PERIOD_S = 5.0
 # On seeing such layers a peer waits this long per layer it holds, then decides on a fresh view.
 # Its load time grows with its layers (a move reloads them all), so the fastest loaders decide
-# first and announce the move there (record `moving_to`, peer/server.py migrate); the slower ones
-# then see the layers taken. 0.5 s: a DHT announcement is visible to others well within one step (4 vs 8 layers).
+# first and announce the move there (peer/server.py migrate); the slower ones then see the layers
+# taken. 0.5 s: a DHT announcement is visible to others well within one step (4 vs 8 layers).
 REACT_DELAY_PER_LAYER_S = 0.5
 
 

@@ -245,7 +245,8 @@ class PeerServer:
                 engine, throughput = await self._build_engine(old)
                 target = old
         except Exception:
-            self.state = PeerState.OFFLINE  # nothing loaded: nobody may route here
+            self.state, self.loading, self.in_place = PeerState.OFFLINE, None, False
+            await self._announce()  # nothing is loaded: nobody may route here
             raise
         finally:
             self.loading, self.in_place = None, False

@@ -21,7 +21,8 @@ the largest peers lay a smooth base among themselves, and each smaller size patc
 spots of the sizes above it; a layer that only smaller peers hold looks empty to a large one.
 A small peer arriving later never pushes a large one around. Gaps and redundancy are judged
 on every peer (layer_counts). Measured in the simulator (docs/balancing.md, 2x, steady
-state): max flow 40% -> 51% of the capacity bound at 1,000 peers, 48-54% -> 60-74% at 200.
+state, paired): max flow 45% -> 56% of the capacity bound at 1,000 peers, 40-56% -> 60-74%
+at 200 (three seeds).
 
 Redundancy counts too: given per-layer server counts, a layer with a single server counts
 at SOLE_DISCOUNT of its throughput (its *strength*). Such a layer is one abrupt departure
@@ -137,7 +138,7 @@ def choose_window(
     if k == total:
         return LayerRange(0, total)
     if servers is not None and 0 in servers:
-        # Real gaps (nobody at all) come before layers only weaker peers hold (tiered
+        # Real gaps (nobody at all) come before layers only smaller peers hold (tiered
         # throughput 0, see layer_throughput's min_layers).
         return _cover_most_gaps([0.0 if n == 0 else max(v, _NOT_A_GAP) for v, n in zip(throughput, servers)], k)
     lowest = min(throughput)
