@@ -23,12 +23,12 @@ Joins and moves are tiered as in routing.balance: a peer weighs only the peers h
 least as many layers as it does (per-size arrays here). --warmup-hours runs the swarm before
 measuring, so the numbers describe its steady state rather than its first placement.
 An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
-until it expires, up to RECORD_TTL_S later. Reaction: peers re-read the DHT every
-WATCH_PERIOD_S and decide at once (routing.urgent_layers) when some layer has no ONLINE
-server: a DRAINING sole server, or a gap whose record expired. Peers wait in proportion to
-their layers first (peer/balancer.py REACT_DELAY_PER_LAYER_S), so the fastest loaders move
-first, in parallel while gaps are left; a moving peer counts as JOINING on its target (as
-peer/server.py announces it), so the others see the layers taken.
+until it expires, 2/3 to 3/3 of RECORD_TTL_S later (peers re-announce every ttl / 3).
+Reaction, timed as peer/balancer.py does: peers re-read the DHT every WATCH_PERIOD_S (+-25%)
+and decide at once (routing.urgent_layers) when some layer has no ONLINE server: a DRAINING
+sole server, or a gap whose record expired. Peers wait REACT_DELAY_PER_LAYER_S per layer they
+hold first, so the fastest loaders move first, in parallel while gaps are left; a moving peer
+counts at its target at once (its record), so the others see the layers taken.
 
 The model has num_layers = sum(k) / redundancy layers, so `redundancy` is how many times
 the swarm's memory could hold the model.
@@ -72,8 +72,10 @@ BALANCE_PERIOD_S = 600.0
 METRIC_PERIOD_S = 60.0  # bottleneck / bound sampled once a simulated minute
 ROUTE_PERIOD_S = 600.0  # a client route planned every 10 simulated minutes
 RTT_RANGE_S = (0.01, 0.15)  # client-to-peer round trips, uniform
-WATCH_PERIOD_S = 10.0  # peers re-read the view this often to spot layers nobody ONLINE serves
-RECORD_TTL_S = 30.0  # an abruptly gone peer's record vanishes within this (swarm-peer --announce-ttl)
+# Mirrors of the peer's constants (peer/balancer.py, peer/config.py; not imported: that pulls in torch).
+WATCH_PERIOD_S = 5.0  # peers re-read the view this often (+-25%) to spot layers nobody ONLINE serves
+REACT_DELAY_PER_LAYER_S = 0.5  # then wait this long per layer they hold before deciding
+RECORD_TTL_S = 30.0  # swarm-peer --announce-ttl; re-announced every third of it
 DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are not covered
 
 
@@ -279,9 +281,11 @@ def simulate(cfg: SimConfig) -> SimResult:
         del peers[p.peer_id]
         if not p.draining:  # a drained peer announced OFFLINE and left balancing when it started draining
             expiring[p.peer_id] = p
-            push(now + rng.uniform(0.0, RECORD_TTL_S), "expire", p.peer_id)
+            # The last announcement was 0-10 s ago, so the record outlives its peer by 20-30 s.
+            push(now + rng.uniform(RECORD_TTL_S * 2 / 3, RECORD_TTL_S), "expire", p.peer_id)
 
-    def try_move(p: _Peer, now: float) -> bool:
+    def try_move(p: _Peer, now: float, delay: float = 0.0) -> bool:
+        """Balance check of p; a move decided now starts loading after `delay` (its react wait)."""
         others, counted = _balance_arrays(swarm, p.k, cfg, counts)
         others, counted = others[:], None if counted is None else counted[:]
         for layer in range(p.layers.start, p.layers.end):
@@ -303,12 +307,12 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.place(p, -1)
         p.layers, p.generation = target, p.generation + 1
         swarm.place(p, +1)
-        push(now + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
+        push(now + delay + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
         return True
 
     def maybe_react(now: float, delay: float) -> None:
         if cfg.react and 0 in swarm.staying_n:
-            push(now + delay + rng.uniform(0.0, WATCH_PERIOD_S), "react")
+            push(now + delay + rng.uniform(0.0, WATCH_PERIOD_S * 1.25), "react")
 
     # The optimum lies between this placement's max flow and the capacity bound (docs/balancing.md).
     ordered_vs_bound = ordered_placement([(p.k, p.k * p.thr) for p in initial], num_layers)[0] / (
@@ -408,7 +412,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             for q in candidates:
                 if 0 not in swarm.counted:
                     break  # every gap has a server loading it
-                if try_move(q, now):
+                if try_move(q, now, REACT_DELAY_PER_LAYER_S * q.k if cfg.fast_fill else 0.0):
                     migrations += 1
                     if not cfg.fast_fill:
                         break
