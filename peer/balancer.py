@@ -44,7 +44,7 @@ class Placement:
     peer_id: Callable[[], str]
     layers: Callable[[], LayerRange | None]
     throughput: Callable[[], float]
-    migrate: Callable[[LayerRange], Awaitable[None]]
+    migrate: Callable[[LayerRange], Awaitable[bool]]  # False: it stepped back (see PeerServer.migrate)
 
 
 async def choose_initial_layers(placement: Placement) -> LayerRange:
@@ -71,8 +71,8 @@ async def balance_loop(placement: Placement) -> None:
                 continue  # our own record is not visible yet; decide on the next round
             target = should_move(view, placement.peer_id(), quality=cfg.balance_quality,
                                  my_throughput=placement.throughput())
-            if target is not None:
-                await placement.migrate(target)
+            if target is not None and not await placement.migrate(target):
+                decided_on = []  # stepped back for a peer leaving the same layers: look again at the next read
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -30,6 +30,7 @@ from peer.rate_limit import RateLimiter
 from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
 from peer.view import ViewService
+from routing import covered_without
 from shards.batch import BatchLayout
 from shards.config import ModelConfig
 from shards.kv_cache import KVCache
@@ -52,6 +53,12 @@ def software_version() -> str:
         return version("layerswarm")
     except PackageNotFoundError:
         return "dev"
+
+
+# After announcing a move, wait this long and re-read the swarm before acting on it: a peer that
+# decided to leave the same layers at the same moment has announced its move by then (one DHT
+# store and one get on 127.0.0.1 take milliseconds, across the Internet a few hundred).
+MOVE_CONFIRM_S = 1.0
 
 
 class PeerServer:
@@ -184,22 +191,43 @@ class PeerServer:
         """Copy-on-write of a shared page, on the compute thread between two batches."""
         await self.scheduler.run_exclusive(lambda: self.engine.copy_page(src, dst))
 
-    async def migrate(self, target: LayerRange) -> None:
+    async def migrate(self, target: LayerRange) -> bool:
         """Serve `target` instead of the current range, without dropping a request silently.
+
+        The move is announced first, and checked once more MOVE_CONFIRM_S later: routing.plan_move
+        moves only a peer whose every layer has another server, but two peers on one range may
+        decide to leave it at the same moment; each then sees the other's announcement and stays
+        (returns False; the balancer retries at a jittered time, so one of them goes first).
 
         Beside the old range when memory holds both (or --move-mode beside): the new engine
         (weights, cache, graphs) is built while the old range keeps serving, announced as the
         record's `moving_to`; then open sessions are told to fail over (a clear retryable error
         frame each) and the engines are swapped between two batches. In place otherwise (a GPU
         filled by its own range, or --move-mode in-place): announced JOINING on the target, the
-        open sessions fail over and the old engine is freed before loading. routing.plan_move
-        moves only a peer whose every layer has another server, so neither way leaves a gap.
-        A failed load serves the old range again.
+        open sessions fail over and the old engine is freed before loading. Neither way leaves a
+        gap. A failed load serves the old range again.
         """
-        if self._room_beside(target):
+        beside = self._room_beside(target)
+        self.loading, self.in_place = target, not beside
+        try:
+            await self._announce()
+            await asyncio.sleep(MOVE_CONFIRM_S)
+            view = await self.node.fetch_view_async(self.config.model_name, self.model_config.num_layers)
+            if not covered_without(view, self.peer_id, self.layers):
+                logger.info("another peer is leaving layers of %s at the same time: staying there for now",
+                            self.layers)
+                self.loading, self.in_place = None, False
+                await self._announce()
+                return False
+        except Exception:
+            self.loading, self.in_place = None, False
+            await self._announce()  # ONLINE on the old range again at once, not at the next refresh
+            raise
+        if beside:
             await self._move_beside(target)
         else:
             await self._move_in_place(target)
+        return True
 
     def _room_beside(self, target: LayerRange) -> bool:
         """Does the device hold `target`'s engine next to the current one?"""
@@ -213,10 +241,8 @@ class PeerServer:
     async def _move_beside(self, target: LayerRange) -> None:
         # Announced as moving while we load: balancing counts us at the target already (no second
         # peer moves there), routing still sees the old layers served (no gap while we load).
-        self.loading = target
+        logger.info("moving from layers %s to %s (announced as moving there while loading)", self.layers, target)
         try:
-            await self._announce()
-            logger.info("moving from layers %s to %s (announced as moving there while loading)", self.layers, target)
             engine, throughput = await self._build_engine(target)
         except Exception:
             self.loading = None
@@ -229,10 +255,8 @@ class PeerServer:
         await self._install(engine, throughput, target)
 
     async def _move_in_place(self, target: LayerRange) -> None:
-        old = self.layers
-        self.loading, self.in_place, self.moving = target, True, True
+        old, self.moving = self.layers, True
         try:
-            await self._announce()
             why = "--move-mode in-place" if self.config.move_mode == "in-place" else "no memory for both"
             logger.info("moving from layers %s to %s in place (%s): announced JOINING there, freeing the old "
                         "layers first", old, target, why)

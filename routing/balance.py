@@ -243,13 +243,18 @@ def urgent_layers(view: SwarmView) -> list[int]:
     return [layer for layer, n in enumerate(layer_servers(view)) if n == 0]
 
 
-def covered_without(view: SwarmView, me: str) -> bool:
-    """Does every layer of peer `me` have another ONLINE server? (A draining peer may leave then.)"""
-    record = view.records.get(me)
-    if record is None:
-        return True
+def covered_without(view: SwarmView, me: str, layers: LayerRange | None = None) -> bool:
+    """Does every layer of peer `me` (its record's, or `layers`) have another ONLINE server that
+    is not moving away? A draining peer may leave then; a peer that announced a move checks it
+    once more (peer/server.py migrate), since another may have decided to leave at the same time.
+    """
+    if layers is None:
+        record = view.records.get(me)
+        if record is None:
+            return True
+        layers = record.layers
     servers = layer_servers(view, without=me)
-    return all(servers[layer] > 0 for layer in range(record.layers.start, min(record.layers.end, view.num_layers)))
+    return all(servers[layer] > 0 for layer in range(layers.start, min(layers.end, view.num_layers)))
 
 
 def possible_takers(view: SwarmView, me: str) -> list[str]:

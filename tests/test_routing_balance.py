@@ -314,6 +314,11 @@ def test_a_moving_peer_counts_at_its_target_but_serves_its_old_layers() -> None:
     # a may leave 0:2 only if another peer keeps serving it: the mover leaves those layers.
     assert not covered_without(v, "a")
     assert possible_takers(v, "a") == ["m"]
+    # Two peers on 2:4 decide at once to leave it: once both announced, neither is covered.
+    both = view(8, replace(rec("x", "2:4"), moving_to=LayerRange(4, 6)), rec("y", "6:8", state=J),
+                rec("z", "0:2"))
+    assert not covered_without(both, "x") and not covered_without(both, "y", LayerRange(2, 4))
+    assert covered_without(both, "y", LayerRange(0, 2))
 
 
 def test_routes_avoid_a_moving_peer_where_another_serves() -> None:
