@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from client import ClientConfig, DistributedModel
-from client.local_swarm import LocalSwarm
+from client.local_swarm import LocalSwarm, SwarmProcess
 from swarm.dht import SwarmNode
 from swarm.types import LayerRange
 
@@ -55,12 +55,17 @@ def test_peers_spread_over_layers_then_close_a_gap_while_a_client_generates(
         assert ranges[fixed.peer_id] == LayerRange(0, 10)
         assert node.fetch_view(name).uncovered_layers() == []
 
-        # Kill a self-placing peer whose range nobody else serves, while a client is generating.
-        def unique(peer) -> bool:
-            return list(ranges.values()).count(ranges[peer.peer_id]) == 1
+        # While a client is generating, kill a self-placing peer that is then the only server of
+        # some layer: it is on every route (movers may have shifted since the ranges above).
+        def sole_mover() -> tuple[SwarmProcess, LayerRange]:
+            now = served_ranges(node, name)
+            for m in movers:
+                mine = now.get(m.peer_id)
+                others = [r for p, r in now.items() if p != m.peer_id]
+                if mine is not None and any(not any(layer in r for r in others) for layer in range(mine.start, mine.end)):
+                    return m, mine
+            raise AssertionError(f"no mover is the only server of a layer: {now}")
 
-        victim = next(m for m in movers if unique(m))
-        gap = ranges[victim.peer_id]
         ids = torch.randint(3, 300, (1, 10), generator=torch.Generator().manual_seed(5))
         expected = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).generate(
             ids, max_new_tokens=24, do_sample=False)
@@ -73,8 +78,8 @@ def test_peers_spread_over_layers_then_close_a_gap_while_a_client_generates(
             def put(self, value: torch.Tensor) -> None:
                 KillAt.count += 1
                 if KillAt.count == 8:
-                    victim.kill()
-                    KillAt.killed_at = time.monotonic()
+                    KillAt.victim, KillAt.gap = sole_mover()
+                    KillAt.victim.kill()
 
             def end(self) -> None:
                 pass
@@ -86,8 +91,13 @@ def test_peers_spread_over_layers_then_close_a_gap_while_a_client_generates(
         finally:
             model.close()
         # Someone moved into the gap within 2 x balance period (+ record expiry and loading).
-        wait_until(lambda: any(r.covers(gap) for r in served_ranges(node, name).values()),
-                   2 * float(PERIOD) * 1.25 + float(TTL) + 10, f"a peer to cover {gap}")
+        victim, gap = KillAt.victim, KillAt.gap
+
+        def gap_closed() -> bool:
+            view = node.fetch_view(name)
+            return victim.peer_id not in view.records and view.uncovered_layers() == []
+
+        wait_until(gap_closed, 2 * float(PERIOD) * 1.25 + float(TTL) + 10, f"the layers of {gap} to be served again")
         assert served_ranges(node, name)[fixed.peer_id] == LayerRange(0, 10), "a fixed --layers peer moved"
         assert node.fetch_view(name).uncovered_layers() == []
         # In place, as a GPU filled by its own layers moves (tests/test_drain.py moves beside).
