@@ -21,8 +21,8 @@ the largest peers lay a smooth base among themselves, and each smaller size patc
 spots of the sizes above it; a layer that only smaller peers hold looks empty to a large one.
 A small peer arriving later never pushes a large one around. Gaps and redundancy are judged
 on every peer (layer_counts). Measured in the simulator (docs/balancing.md, 2x, steady
-state, paired): max flow 45% -> 56% of the capacity bound at 1,000 peers, 40-56% -> 60-74%
-at 200 (three seeds).
+state, paired, three seeds): max flow 34-44% -> 36-62% of the capacity bound at 1,000 peers,
+43-55% -> 57-77% at 200.
 
 Redundancy counts too: given per-layer server counts, a layer with a single server counts
 at SOLE_DISCOUNT of its throughput (its *strength*). Such a layer is one abrupt departure
