@@ -305,8 +305,8 @@ def test_a_moving_peer_counts_at_its_target_but_serves_its_old_layers() -> None:
     v = view(8, mover, rec("a", "0:2", 1.0), rec("b", "6:8", 1.0))
     assert layer_throughput(v) == [1.0, 1.0, 5.0, 5.0, 5.0, 5.0, 1.0, 1.0]  # balancing: at its target
     assert layer_counts(v) == [1] * 8
-    assert layer_servers(v) == [1, 1, 1, 1, 0, 0, 1, 1]  # it keeps serving 2:4 only after the swap
-    assert v.uncovered_layers() == [4, 5]  # and covers 0:4 now; 4:6 only once loaded
+    assert layer_servers(v) == [1, 1, 1, 1, 0, 0, 1, 1]  # a staying server only of 2:4, the layers it keeps
+    assert v.uncovered_layers() == [4, 5]  # it covers 0:4 now; 4:6 only once loaded
     assert urgent_layers(v) == [4, 5]
     assert mover.sessions_end_soon and not rec("a", "0:2").sessions_end_soon
     assert PeerRecord.from_dict(mover.to_dict()) == mover  # survives the wire
