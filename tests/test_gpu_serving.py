@@ -322,3 +322,34 @@ def test_bf16_graph_peer_equals_eager_peer(checkpoint: Path, tmp_path: Path) -> 
                 assert (stats["graph_batches"] > 0) == (name == "graphs")
         for a, b in zip(outputs["graphs"], outputs["eager"]):
             assert float((a - b).norm() / b.norm()) < 2e-2
+
+
+def test_a_gpu_peer_moves_in_place_and_serves_its_new_layers(checkpoint: Path, reference, tmp_path: Path) -> None:
+    """A self-placing GPU peer whose layers another peer also serves moves in place into a gap:
+    it drops its engine before loading the new range, captures new graphs, and tokens through
+    it equal transformers."""
+    from client import DistributedModel
+
+    cuda = ("--device", "cuda", "--dtype", "float32", "--cache-tokens", "4096", "--announce-ttl", "6",
+            "--model-name", "moves")
+    with LocalSwarm(tmp_path) as swarm:
+        swarm.start_dht()
+        first = swarm.start_peer(checkpoint, "0:15", *cuda, wait=False)
+        swarm.wait_online(first, PEER_START_TIMEOUT)
+        mover = swarm.start_peer(checkpoint, None, "--num-layers", "15", "--balance-period", "3", "--move-mode",
+                                 "in-place", *cuda, wait=False)
+        swarm.wait_online(mover, PEER_START_TIMEOUT)
+        assert "chose layers 15:30" in mover.log_text()
+        second = swarm.start_peer(checkpoint, "15:30", *cuda, wait=False)
+        swarm.wait_online(second, PEER_START_TIMEOUT)
+        first.kill()  # 0:15 loses its only server; the mover's layers keep `second`
+        deadline = time.monotonic() + 180
+        while "now serving layers 0:15" not in mover.log_text() and time.monotonic() < deadline:
+            time.sleep(1)
+        log = mover.log_text()
+        assert "in place (--move-mode in-place)" in log and "now serving layers 0:15" in log, mover.log_tail()
+        with DistributedModel.from_pretrained(checkpoint, swarm.initial_peers, model_name="moves", device="cuda",
+                                              dtype=torch.float32) as model:
+            ids = prompts(1, 16, seed=7)[0]
+            assert generate(model, ids, 16) == reference(ids, 16)
+            assert peer_stats(model, mover.peer_id)["graph_batches"] > 0
