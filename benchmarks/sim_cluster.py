@@ -28,7 +28,16 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from routing import DEFAULT_QUALITY, choose_route, choose_window, plan_move, plan_route, route_cost
+from routing import (
+    DEFAULT_QUALITY,
+    choose_route,
+    choose_window,
+    layer_servers,
+    layer_throughput,
+    plan_move,
+    plan_route,
+    route_cost,
+)
 from routing.flow import max_flow_of
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
@@ -90,7 +99,7 @@ def place(peers: list[tuple[str, int, float, float]], num_layers: int, quality: 
     as routing.balance is (a peer weighs the peers holding at least as many layers)."""
     ranges: list[LayerRange] = []
     for _, k, _, _ in peers:
-        ranges.append(choose_window(_tier_throughput(peers, ranges, num_layers, k), k))
+        ranges.append(choose_window(layer_throughput(_placed(peers, ranges, num_layers), min_layers=k), k))
     moves = 0
     order = list(range(len(peers)))
     rng = random.Random(len(peers))
@@ -98,15 +107,10 @@ def place(peers: list[tuple[str, int, float, float]], num_layers: int, quality: 
         rng.shuffle(order)
         moved = False
         for i in order:
-            _, k, rate, _ = peers[i]
-            mine = ranges[i]
-            online = [0] * num_layers
-            for j, r in enumerate(ranges):
-                if j != i:
-                    for layer in range(r.start, r.end):
-                        online[layer] += 1
-            others = _tier_throughput(peers, ranges, num_layers, k, without=i)
-            target = plan_move(others, online, mine, rate / k, quality)
+            name, k, rate, _ = peers[i]
+            view = _placed(peers, ranges, num_layers)
+            others = layer_throughput(view, without=name, min_layers=k)
+            target = plan_move(others, layer_servers(view, without=name), ranges[i], rate / k, quality)
             if target is not None:
                 ranges[i] = target
                 moves += 1
@@ -116,14 +120,10 @@ def place(peers: list[tuple[str, int, float, float]], num_layers: int, quality: 
     return ranges, moves
 
 
-def _tier_throughput(peers, ranges: list[LayerRange], num_layers: int, k: int, without: int | None = None) -> list[float]:
-    """Per-layer throughput of the placed peers holding at least k layers (routing.balance's tiers)."""
-    thr = [0.0] * num_layers
-    for j, r in enumerate(ranges):
-        if j != without and len(r) >= k:
-            for layer in range(r.start, r.end):
-                thr[layer] += peers[j][2] / peers[j][1]
-    return thr
+def _placed(peers, ranges: list[LayerRange], num_layers: int) -> SwarmView:
+    """The peers placed so far (the first len(ranges)), ONLINE, announcing rate / k tokens/s."""
+    records = {pid: PeerRecord(pid, "llama-70b", r, PeerState.ONLINE, rate / k) for (pid, k, rate, _), r in zip(peers, ranges)}
+    return SwarmView("llama-70b", num_layers, records)
 
 
 def serve(peers, ranges, num_layers: int, sessions: int, spread: bool, seed: int) -> tuple[float, list, list[float]]:
