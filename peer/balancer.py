@@ -1,4 +1,5 @@
-"""Where this peer serves: pick layers on join, and move to the swarm's weakest layers later.
+"""Where this peer serves: pick layers on join, and move to the swarm's weakest layers later
+(a standby: to the layers one crash would leave dark).
 
 The decisions are the pure functions of `routing.balance`; this file only feeds them fresh
 views and acts on their answers.
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
-from routing import choose_layers, should_move, urgent_layers
+from routing import choose_layers, should_move, standby_layers, urgent_layers
 from shards.config import ModelConfig
 from swarm.types import LayerRange, SwarmView
 
@@ -52,7 +53,14 @@ async def choose_initial_layers(placement: Placement) -> LayerRange:
     total = placement.model_config.num_layers
     count = cfg.num_layers or layers_that_fit(placement.model_config, DTYPES[cfg.dtype], cfg.device,
                                               cfg.cache_tokens, cfg.quant, cfg.quant_group_size)
-    layers = choose_layers(await placement.fetch_view(), min(count, total))
+    view = await placement.fetch_view()
+    if cfg.standby:
+        layers = standby_layers(view, placement.peer_id(), min(count, total))
+        assert layers is not None  # a peer without a record always gets a window
+        logger.info("standby: chose layers %s (%d of %d), where a crash would leave layers dark",
+                    layers, len(layers), total)
+        return layers
+    layers = choose_layers(view, min(count, total))
     logger.info("chose layers %s (%d of %d) where the swarm is weakest", layers, len(layers), total)
     return layers
 
@@ -104,3 +112,24 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
             except Exception:
                 return view
     return None
+
+
+async def standby_loop(placement: Placement) -> None:
+    """A standby re-reads the view every WATCH_PERIOD_S and moves to where more layers are one crash
+    from dark (routing.standby_layers): sole servers change with every departure and move."""
+    while True:
+        await asyncio.sleep(WATCH_PERIOD_S * random.uniform(1 - JITTER, 1 + JITTER))
+        mine = placement.layers()
+        try:
+            view = await placement.fetch_view()
+            if mine is None or placement.peer_id() not in view.records:
+                continue
+            target = standby_layers(view, placement.peer_id(), len(mine))
+            if target is not None:
+                logger.info("standby: layers %s are more exposed than %s (one crash from dark): moving there",
+                            target, mine)
+                await placement.migrate(target)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("standby round failed; staying on layers %s", mine)

@@ -215,6 +215,7 @@ def serve(
     balance_period: Annotated[float, typer.Option(help="Seconds between checks whether moving would help the swarm (randomised +-25%).")] = 120.0,
     balance_quality: Annotated[float, typer.Option(help="Move only if the swarm's bottleneck throughput grows by more than 1/quality.")] = 0.75,
     move_mode: Annotated[str, typer.Option(help="How a move loads its new layers: beside (keep serving the old ones meanwhile; needs memory for both), in-place (free the old ones first), or auto (beside when free memory holds the new ones).")] = "auto",
+    standby: Annotated[bool, typer.Option("--standby", help="Serve as a standby: a slow safety net (e.g. with --device cpu and host memory) that places itself on the layers only one other peer serves and moves as those change. Clients route through it only when that peer is gone, so a crash leaves slow layers instead of a gap; other peers' balancing ignores it. Self-placing: not with --layers.")] = False,
     initial_peers: InitialPeers = None,
     model_name: Annotated[str | None, typer.Option(help="Name of the model in the DHT. Default: the Hub repo id, or the checkpoint folder's name.")] = None,
     host_maddrs: HostMaddrs = None,
@@ -265,6 +266,9 @@ def serve(
             layer_range = LayerRange.parse(layers)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--layers") from None
+    if standby and layers is not None:
+        raise typer.BadParameter("a standby places itself where it is needed: give --num-layers (or nothing), not --layers",
+                                 param_hint="--standby")
     if num_layers is not None and num_layers < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--num-layers")
     if not 0 < balance_quality <= 1:
@@ -299,6 +303,7 @@ def serve(
         balance_period=balance_period,
         balance_quality=balance_quality,
         move_mode=move_mode,
+        standby=standby,
         model_name=model_name or source.default_name,
         model_repo=source.repo_id,
         revision=revision,

@@ -81,6 +81,9 @@ class PeerConfig:
     # How a move loads its new range: "beside" the old one (serving on; needs memory for both),
     # "in-place" (free the old range first), or "auto" (beside when free memory holds it).
     move_mode: str = "auto"
+    # A slow safety net (swarm-peer serve --standby): self-places on the layers one crash would
+    # leave dark (routing.standby_layers); others' balancing ignores it, clients use it last.
+    standby: bool = False
     faulty: FaultyOutputs | None = None  # TEST ONLY: a lying peer, to exercise client verification
     limits: ServingLimits = field(default_factory=ServingLimits)
 

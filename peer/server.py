@@ -19,7 +19,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import torch
 
-from peer.balancer import Placement, balance_loop, choose_initial_layers
+from peer.balancer import Placement, balance_loop, choose_initial_layers, standby_loop
 from peer.config import DTYPES, PeerConfig
 from peer.drain import wait_until_covered
 from peer.engine import ServingEngine
@@ -126,7 +126,8 @@ class PeerServer:
             loop.create_task(self._reap_loop(), name="reap-idle"),
         ]
         if cfg.layers is None:  # a fixed --layers peer never moves
-            self._background.append(loop.create_task(balance_loop(self._placement()), name="balance"))
+            placing = standby_loop if cfg.standby else balance_loop
+            self._background.append(loop.create_task(placing(self._placement()), name="balance"))
 
     def _placement(self) -> Placement:
         """What the balancer may read and do: the few callables it needs, not the server."""
@@ -327,7 +328,7 @@ class PeerServer:
             page_size=cfg.page_size, dtype=cfg.dtype, quant=cfg.quant, version=software_version(),
             public_name=cfg.public_name, fingerprint=self.registry.fingerprint,
             addrs=tuple(self.visible_maddrs()), num_layers=self.model_config.num_layers, updated=time.time(),
-            relayed=cfg.relayed,
+            relayed=cfg.relayed, standby=cfg.standby,
         )
 
     def info(self) -> dict:

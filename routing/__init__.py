@@ -11,7 +11,9 @@ Only `swarm.types` is imported from the rest of the project.
 - balance.py layer_throughput, layer_counts, layer_servers, choose_layers (flow-aware), should_move,
              urgent_layers, covered_without, possible_takers (array-level forms:
              choose_window, plan_move): which layers a peer should serve (sole-served layers
-             discounted); when to decide at once; when a draining peer may leave.
+             discounted); when to decide at once; when a draining peer may leave;
+             standby_layers (standby_window): where a standby guards the layers one crash
+             would leave dark.
 - spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
              parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
@@ -31,6 +33,8 @@ from routing.balance import (
     plan_move,
     possible_takers,
     should_move,
+    standby_layers,
+    standby_window,
     strengths,
     urgent_layers,
 )
@@ -65,6 +69,8 @@ __all__ = [
     "route_cost",
     "sample_route",
     "should_move",
+    "standby_layers",
+    "standby_window",
     "strengths",
     "urgent_layers",
 ]

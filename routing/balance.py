@@ -53,6 +53,11 @@ DEFAULT_QUALITY = 0.75
 SOLE_DISCOUNT = 0.5
 
 _COUNTED = (PeerState.ONLINE, PeerState.JOINING)
+# standby_window: a layer nobody serves (a crash already happened, or a draining sole server)
+# counts 3x a sole-served one: it is dark now, the other only one departure from it.
+EXPOSED_GAP = 3.0
+# A standby moves only for at least max(1 layer, this share of its window) more exposed layers.
+STANDBY_MARGIN = 0.25
 # Throughput standing in for "served, but only by peers outside my tier" when real gaps are
 # ranked: above 0 (not a gap), below any real throughput.
 _NOT_A_GAP = 1e-12
@@ -96,15 +101,17 @@ def layer_counts(view: SwarmView, *, without: str | None = None) -> list[int]:
 
 
 def _balanced_layers(r: PeerRecord) -> LayerRange | None:
-    """Where balancing counts a record: a moving peer at its target; DRAINING and OFFLINE nowhere."""
-    if r.state not in _COUNTED:
+    """Where balancing counts a record: a moving peer at its target; DRAINING, OFFLINE and
+    standby peers nowhere (a standby is a slow safety net, not capacity: see standby_layers)."""
+    if r.state not in _COUNTED or r.standby:
         return None
     return r.moving_to if r.moving_to is not None else r.layers
 
 
 def _staying_layers(r: PeerRecord) -> LayerRange | None:
-    """The layers an ONLINE peer will still serve: all of them, or those its move keeps."""
-    if r.state is not PeerState.ONLINE:
+    """The layers an ONLINE peer will still serve: all of them, or those its move keeps (a
+    standby none: a layer only it holds is as exposed as a gap to the moves and drains of others)."""
+    if r.state is not PeerState.ONLINE or r.standby:
         return None
     if r.moving_to is None:
         return r.layers
@@ -265,13 +272,62 @@ def possible_takers(view: SwarmView, me: str) -> list[str]:
     servers = layer_servers(view, without=me)
     out = []
     for r in _sorted_records(view):
-        if r.peer_id == me:
+        if r.peer_id == me or r.standby:
             continue
         own = range(r.layers.start, min(r.layers.end, view.num_layers))
         if r.state is PeerState.JOINING or r.moving_to is not None or (
                 r.state is PeerState.ONLINE and all(servers[i] > 1 for i in own)):
             out.append(r.peer_id)
     return out
+
+
+def standby_window(
+    servers: Sequence[int], standbys: Sequence[int], num_layers: int, current: LayerRange | None = None,
+) -> LayerRange | None:
+    """Where a standby holding `num_layers` layers should be, or None to stay on `current`.
+
+    `servers`: per-layer count of ONLINE peers that stay there (layer_servers, standbys not
+    counted); `standbys`: per-layer count of the other standbys (at their targets). A layer is
+    exposed when one abrupt departure would leave it dark: served by at most one peer and held by
+    no other standby. The window scores EXPOSED_GAP per exposed layer nobody serves and 1 per
+    exposed sole-served layer; the best score wins (ties: lowest start). A standby moves only when
+    the best beats where it is by STANDBY_MARGIN: at least 1 layer and a quarter of its window, so
+    it does not chase every passing change (a move reloads its layers). With nothing exposed, a
+    standby without a place takes the lowest start among the windows with the fewest standbys.
+    """
+    total = len(servers)
+    if total == 0 or num_layers <= 0:
+        raise ValueError(f"cannot place {num_layers} standby layers in a {total}-layer model")
+    k = min(num_layers, total)
+    weight = [0.0 if standby else EXPOSED_GAP if n == 0 else 1.0 if n == 1 else 0.0
+              for n, standby in zip(servers, standbys)]
+    prefix = [0.0]
+    for value in weight:
+        prefix.append(prefix[-1] + value)
+    best = max(range(total - k + 1), key=lambda s: (prefix[s + k] - prefix[s], -s))
+    best_score = prefix[best + k] - prefix[best]
+    if current is None:
+        if best_score == 0:
+            best = min(range(total - k + 1), key=lambda s: (sum(standbys[s : s + k]), s))
+        return LayerRange(best, best + k)
+    here = prefix[min(current.end, total)] - prefix[min(current.start, total)]
+    if best_score < here + max(1.0, STANDBY_MARGIN * k):
+        return None
+    return LayerRange(best, best + k)
+
+
+def standby_layers(view: SwarmView, me: str, num_layers: int) -> LayerRange | None:
+    """standby_window for standby peer `me` on a view: its first layers (when the view has no
+    record of it yet), a better place, or None to stay."""
+    mine = view.records.get(me)
+    standbys = [0] * view.num_layers
+    for r in view.records.values():
+        span = r.moving_to or r.layers
+        if r.standby and r.peer_id != me and r.state in _COUNTED:
+            for layer in range(span.start, min(span.end, view.num_layers)):
+                standbys[layer] += 1
+    current = None if mine is None else (mine.moving_to or mine.layers)
+    return standby_window(layer_servers(view), standbys, num_layers, current)
 
 
 def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:

@@ -32,8 +32,9 @@ class RouteCosts:
     ban_penalty: float = 10_000.0
     # A DRAINING peer still serves but is leaving, and a moving one (record `moving_to`) swaps
     # its engine soon: a session opened on either must fail over and replay its history
-    # elsewhere before long. 1000 s puts it behind any working route, even one through peers
-    # short of pages, yet ahead of a banned peer, which failed outright.
+    # elsewhere before long. A standby (record `standby`) is a slow safety net. 1000 s puts
+    # each behind any working route, even one through peers short of pages, yet ahead of a
+    # banned peer, which failed outright (PeerRecord.last_resort).
     draining_penalty: float = 1_000.0
     # A relayed peer (behind NAT, reached through a libp2p circuit relay) adds the relay's round
     # trip to every step, one more default_rtt; and relays cap each circuit's time and bytes
@@ -68,7 +69,7 @@ def _fixed_cost(record: PeerRecord, rtt: float | None, costs: RouteCosts, pages_
         cost += costs.low_pages_penalty
     if record.relayed:
         cost += costs.relayed_penalty
-    if record.sessions_end_soon:
+    if record.last_resort:
         cost += costs.draining_penalty
     return cost
 

@@ -52,8 +52,8 @@ def plan_route(
 ) -> Route:
     """The route over serving peers covering [start, end) with the lowest estimated time per token.
 
-    DRAINING peers cost `costs.draining_penalty` extra: they carry new sessions only where no
-    other peer serves a layer.
+    Last-resort peers (DRAINING, moving, standby: PeerRecord.last_resort) cost
+    `costs.draining_penalty` extra: they carry new sessions only where no other peer serves a layer.
 
     `banned` maps peer id -> ban level (BanList.penalties); each level adds
     `costs.ban_penalty` seconds, so banned peers are used only where nothing else serves a

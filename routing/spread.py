@@ -70,7 +70,7 @@ def route_weight(record: PeerRecord, ban_level: float, pages_needed: int) -> flo
     weight = max(record.throughput, 1e-9) * max(spare_fraction(record), SPARE_FLOOR)
     if pages_needed > 0 and record.free_pages < pages_needed:
         weight *= LOW_PAGES_FACTOR
-    if record.sessions_end_soon:  # draining or moving
+    if record.last_resort:  # draining, moving or standby
         weight *= DRAINING_FACTOR
     if ban_level > 0:
         weight *= BANNED_FACTOR**ban_level

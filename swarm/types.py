@@ -96,11 +96,16 @@ class PeerRecord:
     # Loading these layers to serve them instead of `layers`, which it still serves until the
     # swap (peer/server.py migrate). Balancing counts it there already; absent in older records.
     moving_to: LayerRange | None = None
+    # A standby (swarm-peer serve --standby): a slow safety net, typically on a CPU, holding layers
+    # that only one other peer serves, so that peer's crash leaves slow layers instead of a gap.
+    # Balancing of the other peers ignores it; clients use it only where nothing else serves.
+    standby: bool = False
 
     @property
-    def sessions_end_soon(self) -> bool:
-        """Draining, or moving: a session opened here must fail over and replay before long."""
-        return self.state is PeerState.DRAINING or self.moving_to is not None
+    def last_resort(self) -> bool:
+        """Routes use this peer only where nothing else serves a layer: it is draining or moving (a
+        session opened here must fail over and replay before long), or a standby (slow)."""
+        return self.state is PeerState.DRAINING or self.moving_to is not None or self.standby
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -153,8 +158,9 @@ class PeerRecord:
             for name in ("peer_id", "model", "dtype", "quant", "version", "public_name", "fingerprint"):
                 if name in kwargs:
                     kwargs[name] = _bounded_str(name, kwargs[name])
-            if type(kwargs.get("relayed", False)) is not bool:  # absent in records of older peers
-                raise ValueError("relayed must be a bool")
+            for name in ("relayed", "standby"):  # absent in records of older peers
+                if type(kwargs.get(name, False)) is not bool:
+                    raise ValueError(f"{name} must be a bool")
             record = cls(**kwargs)
         except (KeyError, TypeError, IndexError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from e

@@ -70,7 +70,7 @@ def test_record_with_infinite_layers_is_dropped_and_view_works(trio) -> None:
 @pytest.mark.parametrize("claim", [
     {"throughput": 1e9}, {"throughput": float("nan")}, {"layers": [0, 30]}, {"num_layers": 10**9},
     {"public_name": "x" * 10_000}, {"addrs": ["/ip4/1.2.3.4/tcp/1"] * 1000}, {"free_pages": -1},
-    {"moving_to": [4, 30]}, {"moving_to": [6, 5]},
+    {"moving_to": [4, 30]}, {"moving_to": [6, 5]}, {"standby": "yes"},
 ])
 def test_out_of_range_claims_are_dropped_alone(trio, claim) -> None:
     bootstrap, victim, attacker = trio

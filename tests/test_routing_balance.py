@@ -20,6 +20,8 @@ from routing import (
     plan_route,
     possible_takers,
     should_move,
+    standby_layers,
+    standby_window,
     strengths,
     urgent_layers,
 )
@@ -308,7 +310,7 @@ def test_a_moving_peer_counts_at_its_target_but_serves_its_old_layers() -> None:
     assert layer_servers(v) == [1, 1, 1, 1, 0, 0, 1, 1]  # a staying server only of 2:4, the layers it keeps
     assert v.uncovered_layers() == [4, 5]  # it covers 0:4 now; 4:6 only once loaded
     assert urgent_layers(v) == [4, 5]
-    assert mover.sessions_end_soon and not rec("a", "0:2").sessions_end_soon
+    assert mover.last_resort and not rec("a", "0:2").last_resort
     assert PeerRecord.from_dict(mover.to_dict()) == mover  # survives the wire
     assert "moving_to" not in rec("a", "0:2").to_dict()  # absent unless moving, as older peers write
     # a may leave 0:2 only if another peer keeps serving it: the mover leaves those layers.
@@ -328,3 +330,40 @@ def test_routes_avoid_a_moving_peer_where_another_serves() -> None:
     assert [h.peer_id for h in plan_route(v)] == ["slow", "b"]
     alone = view(8, mover, rec("b", "4:8", 1.0))
     assert [h.peer_id for h in plan_route(alone)] == ["m", "b"]
+
+
+def test_a_standby_guards_the_layers_one_crash_would_leave_dark() -> None:
+    # 0:4 has two servers; 4:8 only b; 8:10 only c.
+    swarm = [rec("a1", "0:4", 5.0), rec("a2", "0:4", 5.0), rec("b", "4:8", 5.0), rec("c", "8:10", 5.0)]
+    v = view(10, *swarm)
+    assert standby_layers(v, "s", 4) == LayerRange(4, 8)  # four sole-served layers beat 8:10's two
+    assert standby_layers(v, "s", 6) == LayerRange(4, 10)
+    # Once there it stays; a second standby guards what is left.
+    s1 = replace(rec("s", "4:8", 0.1), standby=True)
+    v = view(10, *swarm, s1)
+    assert standby_layers(v, "s", 4) is None
+    assert standby_layers(v, "t", 2) == LayerRange(8, 10)
+    # Nothing exposed: a standby starts where the fewest standbys are, and then stays put.
+    safe = view(6, rec("a", "0:6"), rec("b", "0:6"), replace(rec("s", "0:2", 0.1), standby=True))
+    assert standby_layers(safe, "t", 2) == LayerRange(2, 4)
+    assert standby_layers(safe, "s", 2) is None
+    # When b crashes its layers are dark: a standby elsewhere moves, by more than the margin.
+    v = view(10, rec("a1", "0:4"), rec("a2", "0:4"), rec("c", "8:10"), replace(rec("s", "8:10", 0.1), standby=True))
+    assert standby_window(layer_servers(v), [0] * 10, 2, LayerRange(8, 10)) == LayerRange(4, 6)
+    # ... but not for one more exposed layer than it guards now.
+    assert standby_window([2, 1, 1, 1, 2, 1, 1], [0] * 7, 2, LayerRange(5, 7)) is None
+
+
+def test_others_ignore_a_standby_except_where_nothing_else_serves() -> None:
+    standby = replace(rec("s", "0:4", 0.5), standby=True)
+    v = view(4, rec("a", "0:4", 10.0), standby)
+    # Balancing: no throughput, no count, no staying server (it is no capacity and may move).
+    assert layer_throughput(v) == [10.0] * 4 and layer_counts(v) == [1] * 4 and layer_servers(v) == [1] * 4
+    assert possible_takers(v, "a") == []
+    assert PeerRecord.from_dict(standby.to_dict()) == standby and standby.last_resort
+    # Routing: a faster-looking standby is still used last; coverage counts it.
+    fast = replace(rec("s", "0:4", 100.0), standby=True)
+    assert [h.peer_id for h in plan_route(view(4, rec("a", "0:4", 1.0), fast))] == ["a"]
+    crashed = view(4, fast)
+    assert [h.peer_id for h in plan_route(crashed)] == ["s"] and crashed.uncovered_layers() == []
+    assert urgent_layers(crashed) == [0, 1, 2, 3]  # full-speed peers should still refill it

@@ -92,6 +92,8 @@ def state_pill(peer: Mapping[str, Any]) -> str:
     moving_to = peer.get("moving_to")
     if moving_to:
         pill += f' <span class="muted">moving to {int(moving_to[0])}:{int(moving_to[1])}</span>'
+    if peer.get("standby"):
+        pill += ' <span class="muted">standby</span>'
     return pill
 
 

@@ -116,6 +116,7 @@ def peer_entry(record: PeerRecord, probe: Probe | None, reports: int = 0) -> dic
         "quant": record.quant,
         "version": record.version,
         "updated": record.updated,
+        "standby": record.standby,  # a slow safety net, used by clients only where nothing else serves
         "relayed": record.relayed,  # reachable only through a libp2p relay (behind NAT)
         # None = not probed yet (first refresh still running): neither good nor bad news.
         "reachable": None if probe is None else probe.reachable,

@@ -1,0 +1,727 @@
+"""Discrete-event simulation of a churning swarm that balances itself with routing/.
+
+Peers join (choose_layers), check every randomised balance period whether to move
+(should_move), and leave abruptly or gracefully; clients plan routes (plan_route). The simulator calls
+the same routing functions the peer and client code call: the array-level forms
+choose_window / plan_move on per-layer arrays it keeps incrementally (so a 10,000-peer
+swarm needs no O(peers) view rebuild per decision), and plan_route on a real SwarmView
+built at each route sample.
+
+    .venv/bin/python -m benchmarks.simulate_swarm --peers 1000 --hours 6 --seed 0
+
+Model: a peer holds k layers (its memory) and pushes `thr` tokens/s through all of them;
+it adds thr to the throughput of each of its layers. Loading weights takes
+LOAD_S_PER_LAYER * k seconds, during which the peer is JOINING (counted by balancing,
+serves no routes). Lifetimes are exponential at rate `churn` per hour; arrivals are Poisson
+at peers * churn per hour, so the population stays near `peers`. A share `graceful` of the
+departures drain (swarm-peer drain / SIGTERM): the peer turns DRAINING, leaves balancing's
+counts but keeps serving until every layer it holds has another ONLINE server or
+`drain_max_s` passes. The rest are abrupt (a crash, a closed laptop).
+
+Joins are flow-aware (routing.choose_layers): the window holds the max flow's bottleneck layer.
+Joins and moves are tiered as in routing.balance: a peer weighs only the peers holding at
+least as many layers as it does (per-size arrays here). --warmup-hours runs the swarm before
+measuring, so the numbers describe its steady state rather than its first placement.
+An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
+until it expires, 2/3 to 3/3 of RECORD_TTL_S later (peers re-announce every ttl / 3).
+Reaction, timed as peer/balancer.py does: peers re-read the DHT every WATCH_PERIOD_S (+-25%)
+and decide at once (routing.urgent_layers) when some layer has no ONLINE server: a DRAINING
+sole server, or a gap whose record expired. Peers wait REACT_DELAY_PER_LAYER_S per layer they
+hold first, so the fastest loaders move first, in parallel while gaps are left; a moving peer
+counts at its target at once (its record), so the others see the layers taken.
+
+The model has num_layers = sum(k) / redundancy layers, so `redundancy` is how many times
+the swarm's memory could hold the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from benchmarks.sim_optimum import ordered_placement
+from routing import (
+    DEFAULT_QUALITY,
+    SOLE_DISCOUNT,
+    NoRouteError,
+    choose_window,
+    plan_move,
+    plan_route,
+    route_cost,
+)
+from routing.flow import bottleneck_layer, max_flow_of
+from routing.spread import flow_weights
+from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
+
+# GPU classes (layers held, median tokens/s through them, share of peers): a mix of
+# 8 GB / 12-16 GB / 24 GB / 48-80 GB cards; bigger cards hold more and run faster.
+GPU_CLASSES = ((4, 10.0, 0.30), (8, 20.0, 0.35), (16, 35.0, 0.25), (24, 50.0, 0.10))
+# Spread of throughput inside a class (lognormal sigma): drivers, CPUs, thermal limits.
+THROUGHPUT_SIGMA = 0.3
+# Seconds to fetch and load one layer's weights (a few hundred MB from a local cache).
+LOAD_S_PER_LAYER = 5.0
+# Mean seconds between a peer's balance checks (uniform in [0.5, 1.5] x this, so peers do
+# not decide in lockstep and herd to the same spot).
+BALANCE_PERIOD_S = 600.0
+METRIC_PERIOD_S = 60.0  # bottleneck / bound sampled once a simulated minute
+import os
+ROUTE_PERIOD_S = float(os.environ.get("ROUTE_P","600"))
+BESIDE=os.environ.get("BESIDE")=="1"
+STANDBY=float(os.environ.get("STANDBY","0"))
+SB_PERIOD=float(os.environ.get("SB_PERIOD","300"))  # a client route planned every 10 simulated minutes
+RTT_RANGE_S = (0.01, 0.15)  # client-to-peer round trips, uniform
+# Mirrors of the peer's constants (peer/balancer.py, peer/config.py; not imported: that pulls in torch).
+WATCH_PERIOD_S = 5.0  # peers re-read the view this often (+-25%) to spot layers nobody ONLINE serves
+REACT_DELAY_PER_LAYER_S = 0.5  # then wait this long per layer they hold before deciding
+RECORD_TTL_S = 30.0  # swarm-peer --announce-ttl; re-announced every third of it
+DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are not covered
+
+
+@dataclass
+class SimConfig:
+    peers: int = 1000
+    hours: float = 6.0  # measured, after the warm-up
+    seed: int = 0
+    churn: float = 0.10  # fraction of peers leaving per hour
+    redundancy: float = 2.0
+    layers: int | None = None  # set the model size directly instead of via redundancy
+    quality: float = DEFAULT_QUALITY
+    balance_period_s: float = BALANCE_PERIOD_S
+    load_s_per_layer: float = LOAD_S_PER_LAYER
+    graceful: float = 0.0  # share of departures that drain instead of vanishing
+    drain_max_s: float = DRAIN_MAX_S
+    react: bool = True  # decide at once when a layer has no ONLINE server (else wait for the period)
+    redundancy_aware: bool = True  # balance on strengths (sole-served layers discounted), not throughput alone
+    sole_discount: float = SOLE_DISCOUNT  # strength of a layer with one server (1: throughput alone)
+    flow_join: bool = True  # joiners take a window holding the max flow's bottleneck (routing.flow)
+    fast_fill: bool = True  # gaps are filled by the fastest loaders first, in parallel
+    tiered: bool = True  # a peer weighs only peers holding at least as many layers (routing.balance)
+    warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
+
+
+@dataclass
+class _Peer:
+    peer_id: str
+    k: int
+    thr: float
+    rtt: float
+    layers: LayerRange | None = None  # where balancing counts it: a mover's target
+    serving: LayerRange | None = None  # what it serves now (None while it loads)
+    draining: bool = False
+    drain_deadline: float = 0.0
+    generation: int = 0  # bumped on every move, so a stale "online" event is ignored
+
+    @property
+    def loading(self) -> bool:
+        return self.serving is None
+
+
+@dataclass
+class SimResult:
+    config: dict
+    num_layers: int
+    coverage_time_fraction: float  # share of time every layer had an ONLINE server
+    uncovered_layer_time_fraction: float  # share of (layer x time) without an ONLINE server
+    bottleneck_vs_bound_mean: float  # time-average of min per-layer ONLINE throughput / bound
+    bottleneck_vs_bound_p10: float
+    migrations_per_peer_hour: float
+    joins: int
+    departures: int
+    migrations: int
+    drains: int  # graceful departures
+    drains_timed_out: int  # drains that left before their layers were covered
+    drain_s_mean: float | None  # seconds from DRAINING to leaving
+    flow_vs_bound_mean: float | None  # max flow of the ONLINE placement / capacity bound
+    spread_vs_bound_mean: float | None  # flow the spread routes carry (flow_weights) / capacity bound
+    load_spread_mean: float | None  # max / mean peer utilisation under the spread routes
+    route_cost_s_mean: float | None
+    route_hops_mean: float | None
+    route_plan_ms_mean: float | None
+    routes_failed: int
+    ordered_vs_bound: float  # max flow of benchmarks.sim_optimum.ordered_placement of the initial peers / bound
+    sole_servers_mean: float  # peers that are the only staying (ONLINE, not draining) server of a layer, time mean
+    gaps_opened: int  # times some layer lost its last serving peer
+    wall_s: float
+    series: dict = field(default_factory=dict)
+
+
+class _Swarm:
+    """Per-layer arrays kept incrementally.
+
+    Balancing's view (ONLINE + JOINING, movers at their target, not DRAINING): thr, counted.
+    Serving (ONLINE, DRAINING too): online_thr, online_n, uncovered. Staying servers (ONLINE,
+    not DRAINING): staying_n. A mover pauses while it loads (memory for one range only).
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.thr = [0.0] * num_layers
+        self.counted = [0] * num_layers
+        self.thr_by_k: dict[int, list[float]] = {}  # balancing throughput per peer size (tiers)
+        self.counted_by_k: dict[int, list[int]] = {}  # ... and counts, so 0 there means nobody of that size
+        self.online_thr = [0.0] * num_layers
+        self.online_n = [0] * num_layers
+        self.staying_n = [0] * num_layers
+        self.uncovered = num_layers
+        self.gaps_opened = 0
+        self.standby_n = [0] * num_layers
+        self.standby_placed = [0] * num_layers
+        self.dark = num_layers
+        self.dark_gaps = 0
+
+    def sb_serve(self, span, sign):
+        for layer in range(span.start, span.end):
+            n = self.standby_n[layer] + sign
+            self.standby_n[layer] = n
+            if self.online_n[layer] == 0:
+                if n == 0 and sign < 0:
+                    self.dark_gaps += self.dark == 0
+                    self.dark += 1
+                elif n == 1 and sign > 0:
+                    self.dark -= 1
+
+    def sb_place(self, span, sign):
+        for layer in range(span.start, span.end):
+            self.standby_placed[layer] += sign
+
+    def place(self, p: _Peer, sign: int) -> None:
+        n = len(self.thr)
+        tier_thr = self.thr_by_k.setdefault(p.k, [0.0] * n)
+        tier_n = self.counted_by_k.setdefault(p.k, [0] * n)
+        for layer in range(p.layers.start, p.layers.end):
+            self.counted[layer] += sign
+            self.thr[layer] += sign * p.thr
+            if self.thr[layer] < 1e-9 or not self.counted[layer]:
+                self.thr[layer] = 0.0  # no float residue: 0 must mean "nobody"
+            tier_n[layer] += sign
+            tier_thr[layer] += sign * p.thr
+            if tier_thr[layer] < 1e-9 or not tier_n[layer]:
+                tier_thr[layer] = 0.0
+
+    def at_least(self, k: int) -> list[float]:
+        """Balancing throughput of the peers holding at least k layers (routing.balance's tiers)."""
+        thr = [0.0] * len(self.thr)
+        for size, tier in self.thr_by_k.items():
+            if size >= k:
+                thr = [a + b for a, b in zip(thr, tier)]
+        return thr
+
+    def serve(self, span: LayerRange, p: _Peer, sign: int) -> None:
+        for layer in range(span.start, span.end):
+            n = self.online_n[layer] + sign
+            self.online_n[layer] = n
+            self.online_thr[layer] = self.online_thr[layer] + sign * p.thr if n else 0.0
+            if n == 0 and sign < 0:
+                self.gaps_opened += self.uncovered == 0
+                self.uncovered += 1
+                if self.standby_n[layer] == 0:
+                    self.dark_gaps += self.dark == 0
+                    self.dark += 1
+            elif n == 1 and sign > 0:
+                self.uncovered -= 1
+                if self.standby_n[layer] == 0:
+                    self.dark -= 1
+
+    def stay(self, span: LayerRange | None, sign: int) -> None:
+        for layer in range(span.start, span.end) if span is not None else ():
+            self.staying_n[layer] += sign
+
+    def covered_without(self, p: _Peer) -> bool:
+        return all(self.staying_n[layer] > 0 for layer in range(p.layers.start, p.layers.end))
+
+
+class _MinusOne:
+    """online counts without the asking peer, read lazily (plan_move reads only its layers)."""
+
+    def __init__(self, counts: list[int], mine: LayerRange) -> None:
+        self.counts, self.mine = counts, mine
+
+    def __getitem__(self, layer: int) -> int:
+        return self.counts[layer] - (layer in self.mine)
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    wall0 = time.perf_counter()
+    # Who arrives, when and how fast, and who leaves when (and how) come from `pop`; the swarm's
+    # own choices (timers, tie orders) from `rng`. Runs of two policies with one seed then see
+    # the same population: differences are the policies', not the dice's.
+    pop = random.Random(cfg.seed)
+    rng = random.Random(f"{cfg.seed}-decisions")
+    pop_sb = random.Random(f"{cfg.seed}-standby")
+    weights = [c[2] for c in GPU_CLASSES]
+
+    def new_peer(index: int) -> _Peer:
+        k, median, _ = pop.choices(GPU_CLASSES, weights)[0]
+        return _Peer(f"peer{index:06d}", k, median * math.exp(pop.gauss(0, THROUGHPUT_SIGMA)),
+                     pop.uniform(*RTT_RANGE_S))
+
+    initial = [new_peer(i) for i in range(cfg.peers)]
+    num_layers = cfg.layers or max(1, round(sum(p.k for p in initial) / cfg.redundancy))
+    for p in initial:
+        p.k = min(p.k, num_layers)
+    swarm = _Swarm(num_layers)
+    counts = swarm.counted if cfg.redundancy_aware else None
+    peers: dict[str, _Peer] = {}
+    expiring: dict[str, _Peer] = {}  # gone abruptly, record not yet expired
+    events: list[tuple[float, int, str, str, int]] = []
+    seq = 0
+
+    def push(t: float, kind: str, pid: str = "", gen: int = 0) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(events, (t, seq, kind, pid, gen))
+
+    per_hour = 3600.0
+    leave_rate = cfg.churn / per_hour  # per peer per second
+
+    def admit(p: _Peer, now: float, instant: bool) -> None:
+        bottleneck = None
+        if cfg.flow_join:
+            placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
+            bottleneck = bottleneck_layer(placed, num_layers) if placed else None
+        thr, counted = _balance_arrays(swarm, p.k, cfg, counts)
+        p.layers = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck)
+        peers[p.peer_id] = p
+        swarm.place(p, +1)
+        if STANDBY and pop_sb.random() < STANDBY:
+            sb = _Peer(p.peer_id + "/s", p.k, 0.0, p.rtt)
+            standbys[sb.peer_id] = sb
+            sb_check(sb, now)
+            push(now + rng.uniform(0.0, 1.5 * SB_PERIOD), "sb_balance", sb.peer_id)
+        if instant:
+            go_online(p)
+        else:
+            push(now + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
+        if leave_rate > 0:
+            push(now + pop.expovariate(leave_rate), "depart", p.peer_id)
+        push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
+
+    standbys = {}
+
+    def sb_choose(sb):
+        st, pl = swarm.staying_n, swarm.standby_placed
+        me = sb.layers
+        w = [0.0] * num_layers
+        for l in range(num_layers):
+            others = pl[l] - (me is not None and me.start <= l < me.end)
+            if others == 0 and st[l] <= 1:
+                w[l] = 3.0 if st[l] == 0 else 1.0
+        pre = [0.0]
+        for x in w: pre.append(pre[-1] + x)
+        k = sb.k
+        best = max(range(num_layers - k + 1), key=lambda a: (pre[a + k] - pre[a], -a))
+        cur = pre[me.end] - pre[me.start] if me is not None else -1
+        if me is not None and pre[best + k] - pre[best] <= cur + max(1.0, k / 4):
+            return None
+        return LayerRange(best, best + k)
+
+    def sb_check(sb, now):
+        target = sb_choose(sb)
+        if target is None:
+            return
+        if sb.serving is not None:
+            swarm.sb_serve(sb.serving, -1)
+            sb.serving = None
+        if sb.layers is not None:
+            swarm.sb_place(sb.layers, -1)
+        sb.layers, sb.generation = target, sb.generation + 1
+        swarm.sb_place(target, +1)
+        push(now + cfg.load_s_per_layer * sb.k, "sb_online", sb.peer_id, sb.generation)
+
+    def go_online(p: _Peer) -> None:
+        p.serving = p.layers
+        swarm.serve(p.serving, p, +1)
+        swarm.stay(p.serving, +1)
+
+    def leave(p: _Peer, now: float) -> None:
+        """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S)."""
+        if p.serving is not None:
+            swarm.serve(p.serving, p, -1)
+            if not p.draining:
+                swarm.stay(p.serving, -1)
+        del peers[p.peer_id]
+        sb = standbys.pop(p.peer_id + "/s", None)
+        if sb is not None:
+            if sb.serving is not None:
+                swarm.sb_serve(sb.serving, -1)
+            if sb.layers is not None:
+                swarm.sb_place(sb.layers, -1)
+        if not p.draining:  # a drained peer announced OFFLINE and left balancing when it started draining
+            expiring[p.peer_id] = p
+            # The last announcement was 0-10 s ago, so the record outlives its peer by 20-30 s.
+            push(now + rng.uniform(RECORD_TTL_S * 2 / 3, RECORD_TTL_S), "expire", p.peer_id)
+
+    def try_move(p: _Peer, now: float, delay: float = 0.0) -> bool:
+        """Balance check of p; a move decided now starts loading after `delay` (its react wait)."""
+        others, counted = _balance_arrays(swarm, p.k, cfg, counts)
+        others, counted = others[:], None if counted is None else counted[:]
+        for layer in range(p.layers.start, p.layers.end):
+            others[layer] = max(0.0, others[layer] - p.thr)
+            if counted is not None:
+                counted[layer] -= 1
+            if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
+                others[layer] = 0.0
+        target = plan_move(others, _MinusOne(swarm.staying_n, p.layers), p.layers, p.thr, cfg.quality, counted,
+                           discount=cfg.sole_discount)
+        if target is None:
+            return False
+        # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
+        # one range cannot keep the old one (a peer with room for both serves on, peer/server.py
+        # migrate; plan_move lets nobody move whose layers would go dark either way).
+        if not BESIDE:
+            swarm.stay(p.serving, -1)
+            swarm.serve(p.serving, p, -1)
+            p.serving = None
+        swarm.place(p, -1)
+        p.layers, p.generation = target, p.generation + 1
+        p.moving = True
+        swarm.place(p, +1)
+        push(now + delay + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
+        return True
+
+    def maybe_react(now: float, delay: float) -> None:
+        if cfg.react and 0 in swarm.staying_n:
+            push(now + delay + rng.uniform(0.0, WATCH_PERIOD_S * 1.25), "react")
+
+    # The optimum lies between this placement's max flow and the capacity bound (docs/balancing.md).
+    ordered_vs_bound = ordered_placement([(p.k, p.k * p.thr) for p in initial], num_layers)[0] / (
+        sum(p.k * p.thr for p in initial) / num_layers)
+    for p in initial:  # a warm swarm: the first peers are already loaded at t = 0
+        admit(p, 0.0, instant=True)
+    next_index = cfg.peers
+    if leave_rate > 0:
+        push(pop.expovariate(cfg.peers * leave_rate), "arrive")
+    start = cfg.warmup_hours * per_hour
+    end = start + cfg.hours * per_hour
+    if start > 0:
+        push(start, "measure")  # before the metric sample at the same time (pushed first)
+    for t in range(0, int(end) + 1, int(METRIC_PERIOD_S)):
+        push(float(t), "metric")
+    for t in range(0, int(end) + 1, int(ROUTE_PERIOD_S)):
+        push(float(t) + 0.5, "route")
+
+    joins = departures = migrations = routes_failed = drains = drains_timed_out = warmup_moves = 0
+    uncovered_time = uncovered_layer_time = 0.0
+    peer_seconds = 0.0
+    last = 0.0
+    series: dict[str, list[float]] = {"t_h": [], "ratio": [], "uncovered_layers": [], "migrations": [],
+                                      "sole_layers": [], "memory_ratio": []}
+    ratios: list[float] = []
+    route_costs: list[float] = []
+    route_hops: list[int] = []
+    plan_ms: list[float] = []
+    drain_s: list[float] = []
+    flow_ratios: list[float] = []
+    spread_ratios: list[float] = []
+    load_spreads: list[float] = []
+    drain_started: dict[str, float] = {}
+    sole_counts: list[int] = []
+    settled=[]; loading_n=[]
+
+    while events and events[0][0] <= end:
+        now, _, kind, pid, gen = heapq.heappop(events)
+        dt = now - last
+        unc = swarm.dark if STANDBY else swarm.uncovered
+        if unc:
+            uncovered_time += dt
+            uncovered_layer_time += dt * unc
+        peer_seconds += dt * len(peers)
+        last = now
+        p = peers.get(pid)
+        if kind == "measure":  # warm-up over: count from here
+            warmup_moves = migrations
+            joins = departures = migrations = routes_failed = drains = drains_timed_out = 0
+            uncovered_time = uncovered_layer_time = peer_seconds = 0.0
+            for values in (ratios, route_costs, route_hops, plan_ms, drain_s, flow_ratios, spread_ratios,
+                           load_spreads, sole_counts):
+                values.clear()
+            swarm.gaps_opened = 0
+            swarm.dark_gaps = 0
+        elif kind == "arrive":
+            admit(new_peer(next_index), now, instant=False)
+            next_index += 1
+            joins += 1
+            push(now + pop.expovariate(cfg.peers * leave_rate), "arrive")
+        elif kind == "depart" and p is not None and not p.draining:
+            departures += 1
+            graceful = pop.random() < cfg.graceful
+            if p.serving is not None and graceful:
+                drains += 1
+                p.draining, p.drain_deadline = True, now + cfg.drain_max_s
+                drain_started[pid] = now
+                swarm.place(p, -1)  # leaves balancing at once: others see its layers thin
+                swarm.stay(p.serving, -1)
+                if swarm.covered_without(p):
+                    push(now, "drained", pid)
+                else:
+                    push(p.drain_deadline, "drained", pid)
+                    maybe_react(now, 0.0)
+            else:
+                leave(p, now)
+        elif kind == "expire":
+            swarm.place(expiring.pop(pid), -1)  # the view no longer shows it: its layers look thin
+            maybe_react(now, 0.0)
+        elif kind == "drained" and p is not None and p.draining:
+            if now < p.drain_deadline and not swarm.covered_without(p):
+                continue
+            drains_timed_out += now >= p.drain_deadline and not swarm.covered_without(p)
+            drain_s.append(now - drain_started.pop(pid))
+            leave(p, now)
+        elif kind == "online" and p is not None and gen == p.generation:
+            if p.serving is not None:
+                swarm.stay(p.serving, -1); swarm.serve(p.serving, p, -1); p.serving=None
+            go_online(p); p.moving = False
+            for q in [q for q in peers.values() if q.draining]:  # few at a time
+                if swarm.covered_without(q):
+                    push(now, "drained", q.peer_id)
+        elif kind == "sb_online":
+            sb = standbys.get(pid)
+            if sb is not None and gen == sb.generation:
+                sb.serving = sb.layers
+                swarm.sb_serve(sb.serving, +1)
+        elif kind == "sb_balance":
+            sb = standbys.get(pid)
+            if sb is not None:
+                push(now + rng.uniform(0.5, 1.5) * SB_PERIOD, "sb_balance", pid)
+                if sb.serving is not None:
+                    sb_check(sb, now)
+        elif kind == "react":
+            if 0 not in swarm.staying_n:
+                continue
+            candidates = [q for q in peers.values() if not q.loading and not q.draining and not getattr(q,'moving',False)]
+            rng.shuffle(candidates)
+            if cfg.fast_fill:
+                # Peers wait REACT_DELAY_PER_LAYER_S x their layers before deciding (peer/balancer.py),
+                # so the fastest loaders claim the gap, several in parallel; the rest see it taken.
+                candidates.sort(key=lambda q: q.k)
+            for q in candidates:
+                if 0 not in swarm.counted:
+                    break  # every gap has a server loading it
+                if try_move(q, now, REACT_DELAY_PER_LAYER_S * q.k if cfg.fast_fill else 0.0):
+                    migrations += 1
+                    if not cfg.fast_fill:
+                        break
+        elif kind == "balance" and p is not None:
+            push(now + rng.uniform(0.5, 1.5) * cfg.balance_period_s, "balance", pid)
+            if p.loading or p.draining or getattr(p,'moving',False):
+                continue  # still loading: judge the range once it serves
+            if try_move(p, now):
+                migrations += 1
+        elif kind == "metric":
+            bound = sum(q.thr * q.k for q in peers.values()) / num_layers
+            ratio = (min(swarm.online_thr) if not swarm.uncovered else 0.0) / bound if bound else 0.0
+            ratios.append(ratio)
+            series["t_h"].append(now / per_hour)
+            series["ratio"].append(round(ratio, 4))
+            series["uncovered_layers"].append(swarm.uncovered)
+            series["migrations"].append(warmup_moves + migrations)  # cumulative over the whole run
+            series["sole_layers"].append(swarm.staying_n.count(1))
+            series["memory_ratio"].append(round(sum(q.k for q in peers.values() if not q.draining) / num_layers, 4))
+            sole_counts.append(sum(1 for q in peers.values() if not q.draining and q.serving is not None
+                                   and 1 in swarm.staying_n[q.serving.start:q.serving.end]))
+        elif kind == "route":
+            serving = [q for q in peers.values() if q.serving is not None]
+            records = {
+                q.peer_id: PeerRecord(q.peer_id, "sim", q.serving,
+                                      PeerState.DRAINING if q.draining else PeerState.ONLINE, q.thr, free_pages=100)
+                for q in serving
+            }
+            view = SwarmView("sim", num_layers, records, {q: peers[q].rtt for q in records})
+            t0 = time.perf_counter()
+            try:
+                route = plan_route(view)
+            except NoRouteError:
+                routes_failed += 1
+                continue
+            plan_ms.append((time.perf_counter() - t0) * 1e3)
+            route_costs.append(route_cost(view, route))
+            route_hops.append(len(route))
+            flow, spread, spread_load = _flows(serving, num_layers)
+            bound = sum(q.thr * q.k for q in peers.values()) / num_layers
+            flow_ratios.append(flow / bound)
+            placed=[(q.layers,q.thr*q.k) for q in peers.values() if not q.draining]
+            settled.append(max_flow_of(placed,num_layers)/bound)
+            loading_n.append(sum(q.loading for q in peers.values()))
+            spread_ratios.append(spread / bound)
+            load_spreads.append(spread_load)
+
+    measured = end - start
+    hours = measured / per_hour
+    mean_peers = peer_seconds / measured if measured else len(peers)
+    ordered = sorted(ratios)
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    import statistics as st
+    print("EXP standbys", len(standbys), "dark_gaps", swarm.dark_gaps, "gpu_gaps", swarm.gaps_opened, "cov", round(1.0 - uncovered_time / measured, 5))
+    print("EXP flow", round(st.mean(flow_ratios),4), "settled", round(st.mean(settled),4), "loading", round(st.mean(loading_n),1), "n", len(flow_ratios))
+    return SimResult(
+        config=asdict(cfg),
+        num_layers=num_layers,
+        coverage_time_fraction=1.0 - uncovered_time / measured if measured else 1.0,
+        uncovered_layer_time_fraction=uncovered_layer_time / (measured * num_layers) if measured else 0.0,
+        bottleneck_vs_bound_mean=sum(ratios) / len(ratios) if ratios else 0.0,
+        bottleneck_vs_bound_p10=ordered[len(ordered) // 10] if ordered else 0.0,
+        migrations_per_peer_hour=migrations / (mean_peers * hours) if hours else 0.0,
+        joins=joins,
+        departures=departures,
+        migrations=migrations,
+        drains=drains,
+        drains_timed_out=drains_timed_out,
+        drain_s_mean=mean(drain_s),
+        flow_vs_bound_mean=mean(flow_ratios),
+        spread_vs_bound_mean=mean(spread_ratios),
+        load_spread_mean=mean(load_spreads),
+        route_cost_s_mean=mean(route_costs),
+        route_hops_mean=mean([float(h) for h in route_hops]),
+        route_plan_ms_mean=mean(plan_ms),
+        routes_failed=routes_failed,
+        ordered_vs_bound=ordered_vs_bound,
+        sole_servers_mean=mean([float(n) for n in sole_counts]) or 0.0,
+        gaps_opened=swarm.gaps_opened,
+        wall_s=time.perf_counter() - wall0,
+        series=series,
+    )
+
+
+def _balance_arrays(swarm: _Swarm, k: int, cfg: SimConfig, counts: list[int] | None) -> tuple[list[float], list[int] | None]:
+    """(per-layer throughput, counts) a peer of k layers balances on (shared lists: copy before changing)."""
+    if not cfg.tiered:
+        return swarm.thr, counts
+    return swarm.at_least(k), counts
+
+
+def _flows(serving: list[_Peer], num_layers: int) -> tuple[float, float, float]:
+    """(max flow of the serving placement, flow the spread split carries, its max / mean utilisation)."""
+    spans = [q.serving for q in serving]
+    caps = [q.thr * q.k for q in serving]
+    flow = max_flow_of(list(zip(spans, caps)), num_layers)
+    weights = flow_weights(spans, caps, num_layers)
+    totals = [0.0] * (num_layers + 1)
+    for span, w in zip(spans, weights):
+        totals[span.start] += w
+        totals[span.end] -= w
+    inverse = [0.0] * (num_layers + 1)
+    running = 0.0
+    for layer in range(num_layers):
+        running += totals[layer]
+        inverse[layer + 1] = inverse[layer] + 1.0 / running
+    per_flow = [w * (inverse[s.end] - inverse[s.start]) / c for s, w, c in zip(spans, weights, caps)]
+    spread = 1.0 / max(per_flow)  # the flow at which the first peer is full
+    return flow, spread, max(per_flow) / (sum(per_flow) / len(per_flow))
+
+
+def format_table(r: SimResult) -> str:
+    c = r.config
+    rows = [
+        ("peers / layers / redundancy", f"{c['peers']} / {r.num_layers} / {c['redundancy'] if not c['layers'] else 'n/a'}"),
+        ("simulated hours (+ warm-up) / churn per hour", f"{c['hours']} (+ {c['warmup_hours']}) / {c['churn']:.0%}"),
+        ("coverage (time all layers served)", f"{r.coverage_time_fraction:.4%}"),
+        ("uncovered layer-time", f"{r.uncovered_layer_time_fraction:.5%}"),
+        ("bottleneck / bound (mean, p10)", f"{r.bottleneck_vs_bound_mean:.1%}, {r.bottleneck_vs_bound_p10:.1%}"),
+        ("migrations per peer per hour", f"{r.migrations_per_peer_hour:.3f} ({r.migrations} moves)"),
+        ("joins / departures (graceful, timed out)", f"{r.joins} / {r.departures} ({r.drains}, {r.drains_timed_out})"),
+        ("drain time (mean)", "n/a" if r.drain_s_mean is None else f"{r.drain_s_mean:.0f} s"),
+        ("max flow / bound; spread routes / bound", "n/a" if r.flow_vs_bound_mean is None else
+         f"{r.flow_vs_bound_mean:.1%}; {r.spread_vs_bound_mean:.1%}"),
+        ("optimum bracket (one-pass placement / bound, t=0)", f"[{r.ordered_vs_bound:.1%}, 100%]"),
+        ("load spread (max / mean utilisation)", "n/a" if r.load_spread_mean is None else f"{r.load_spread_mean:.2f}"),
+        ("route cost s/token, hops (mean)",
+         "n/a" if r.route_cost_s_mean is None else f"{r.route_cost_s_mean:.3f} s, {r.route_hops_mean:.1f} hops"),
+        ("sole servers (mean peers) / gaps opened (mean s)",
+         f"{r.sole_servers_mean:.1f} / {r.gaps_opened} ({_gap_s(r):.0f} s)"),
+        ("plan_route time (mean) / failed", f"{(r.route_plan_ms_mean or 0):.1f} ms / {r.routes_failed}"),
+        ("wall time", f"{r.wall_s:.1f} s"),
+    ]
+    width = max(len(a) for a, _ in rows)
+    return "\n".join(f"{a:<{width}}  {b}" for a, b in rows)
+
+
+def _gap_s(r: SimResult) -> float:
+    """Mean seconds from a gap opening until every layer is served again."""
+    seconds = (1.0 - r.coverage_time_fraction) * r.config["hours"] * 3600.0
+    return seconds / r.gaps_opened if r.gaps_opened else 0.0
+
+
+def plot(r: SimResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = r.series
+    fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
+    axes[0].plot(s["t_h"], [100 * x for x in s["ratio"]])
+    axes[0].axhline(80, color="grey", linestyle="--", linewidth=0.8)
+    axes[0].set_ylabel("bottleneck / bound (%)")
+    axes[0].set_ylim(0, 105)
+    axes[1].plot(s["t_h"], s["uncovered_layers"], color="tab:red")
+    axes[1].set_ylabel("uncovered layers")
+    peers = r.config["peers"]
+    axes[2].plot(s["t_h"], [m / peers for m in s["migrations"]], color="tab:green")
+    axes[2].set_ylabel("moves per peer (cum.)")
+    axes[2].set_xlabel("simulated hours")
+    c = r.config
+    if c["warmup_hours"]:
+        for ax in axes:
+            ax.axvline(c["warmup_hours"], color="grey", linestyle=":", linewidth=0.8)
+        axes[0].text(c["warmup_hours"], 100, " measured from here", fontsize=8, va="top")
+    fig.suptitle(f"{c['peers']} peers, {r.num_layers} layers, churn {c['churn']:.0%}/h, seed {c['seed']}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> SimResult:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--peers", type=int, default=1000)
+    ap.add_argument("--hours", type=float, default=6.0, help="simulated hours measured (after the warm-up)")
+    ap.add_argument("--warmup-hours", type=float, default=0.0,
+                    help="simulated hours before measuring starts (report the steady state, not the start)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--churn", type=float, default=0.10, help="fraction of peers leaving per hour")
+    ap.add_argument("--redundancy", type=float, default=2.0, help="sum of layers peers hold / model layers")
+    ap.add_argument("--layers", type=int, default=None, help="model layers (overrides --redundancy)")
+    ap.add_argument("--quality", type=float, default=DEFAULT_QUALITY)
+    ap.add_argument("--balance-period", type=float, default=BALANCE_PERIOD_S, help="mean seconds")
+    ap.add_argument("--graceful", type=float, default=0.0, help="share of departures that drain first")
+    ap.add_argument("--drain-max", type=float, default=DRAIN_MAX_S, help="seconds a drain may wait")
+    ap.add_argument("--no-react", action="store_true", help="peers wait for their period even when a layer has no ONLINE server")
+    ap.add_argument("--sole-discount", type=float, default=SOLE_DISCOUNT,
+                    help="strength of a layer with one server, as a share of its throughput (1: no discount)")
+    ap.add_argument("--no-flow-join", action="store_true",
+                    help="joiners take the weakest window, not one holding the max flow's bottleneck")
+    ap.add_argument("--no-fast-fill", action="store_true",
+                    help="a gap is filled by one random peer, not by the fastest loaders in parallel")
+    ap.add_argument("--untiered", action="store_true",
+                    help="peers weigh every peer, not only those holding at least as many layers (the rule before)")
+    ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
+    ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
+    ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
+    a = ap.parse_args(argv)
+    cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
+                    graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
+                    redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
+                    fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
+                    warmup_hours=a.warmup_hours)
+    result = simulate(cfg)
+    print(format_table(result))
+    out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(asdict(result), indent=1))
+    print(f"wrote {out}")
+    if a.plot:
+        plot(result, a.plot)
+        print(f"wrote {a.plot}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
