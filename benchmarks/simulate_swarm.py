@@ -32,6 +32,14 @@ counts at its target at once (its record), so the others see the layers taken.
 
 The model has num_layers = sum(k) / redundancy layers, so `redundancy` is how many times
 the swarm's memory could hold the model.
+
+Standbys (--standby-share): that share of the peers also runs `swarm-peer serve --standby` in
+host memory, as many layers as its GPU holds, loading as slowly. A standby places itself with
+routing.standby_window on the layers one crash would leave dark, re-deciding at its next read
+of the view (WATCH_PERIOD_S) after anything changes them, and leaves with its host. Coverage
+counts a layer a standby serves as served (routes use it only then, slowly), and the time
+some layer was served by standbys alone is reported; the GPU peers' balancing ignores
+standbys, and throughput figures leave them out (a CPU's share is negligible).
 """
 
 from __future__ import annotations
@@ -54,7 +62,9 @@ from routing import (
     plan_move,
     plan_route,
     route_cost,
+    standby_window,
 )
+from routing.balance import STANDBY_MARGIN, exposure
 from routing.flow import bottleneck_layer, max_flow_of
 from routing.spread import flow_weights
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
@@ -99,6 +109,7 @@ class SimConfig:
     fast_fill: bool = True  # gaps are filled by the fastest loaders first, in parallel
     tiered: bool = True  # a peer weighs only peers holding at least as many layers (routing.balance)
     warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
+    standby_share: float = 0.0  # share of peers also running a standby in host memory (swarm-peer serve --standby)
 
 
 @dataclass
@@ -122,8 +133,8 @@ class _Peer:
 class SimResult:
     config: dict
     num_layers: int
-    coverage_time_fraction: float  # share of time every layer had an ONLINE server
-    uncovered_layer_time_fraction: float  # share of (layer x time) without an ONLINE server
+    coverage_time_fraction: float  # share of time every layer had a serving peer (ONLINE, DRAINING or standby)
+    uncovered_layer_time_fraction: float  # share of (layer x time) without one
     bottleneck_vs_bound_mean: float  # time-average of min per-layer ONLINE throughput / bound
     bottleneck_vs_bound_p10: float
     migrations_per_peer_hour: float
@@ -142,7 +153,10 @@ class SimResult:
     routes_failed: int
     ordered_vs_bound: float  # max flow of benchmarks.sim_optimum.ordered_placement of the initial peers / bound
     sole_servers_mean: float  # peers that are the only staying (ONLINE, not draining) server of a layer, time mean
-    gaps_opened: int  # times some layer lost its last serving peer
+    gaps_opened: int  # times some layer lost its last serving peer (standbys included)
+    standby_only_time_fraction: float  # share of time some layer was served by standbys alone (slowly)
+    standbys_mean: float  # standbys running, time mean
+    standby_moves: int
     wall_s: float
     series: dict = field(default_factory=dict)
 
@@ -151,8 +165,10 @@ class _Swarm:
     """Per-layer arrays kept incrementally.
 
     Balancing's view (ONLINE + JOINING, movers at their target, not DRAINING): thr, counted.
-    Serving (ONLINE, DRAINING too): online_thr, online_n, uncovered. Staying servers (ONLINE,
+    Serving (ONLINE, DRAINING too): online_thr, online_n. Staying servers (ONLINE,
     not DRAINING): staying_n. A mover pauses while it loads (memory for one range only).
+    Standbys: standby_n serving, standby_at placed (loading too). uncovered: layers nobody
+    serves, standbys included; gpu_uncovered: layers no GPU peer serves.
     """
 
     def __init__(self, num_layers: int) -> None:
@@ -163,7 +179,10 @@ class _Swarm:
         self.online_thr = [0.0] * num_layers
         self.online_n = [0] * num_layers
         self.staying_n = [0] * num_layers
+        self.standby_n = [0] * num_layers
+        self.standby_at = [0] * num_layers
         self.uncovered = num_layers
+        self.gpu_uncovered = num_layers
         self.gaps_opened = 0
 
     def place(self, p: _Peer, sign: int) -> None:
@@ -194,10 +213,23 @@ class _Swarm:
             self.online_n[layer] = n
             self.online_thr[layer] = self.online_thr[layer] + sign * p.thr if n else 0.0
             if n == 0 and sign < 0:
-                self.gaps_opened += self.uncovered == 0
-                self.uncovered += 1
+                self.gpu_uncovered += 1
             elif n == 1 and sign > 0:
-                self.uncovered -= 1
+                self.gpu_uncovered -= 1
+            if n + self.standby_n[layer] == (1 if sign > 0 else 0):
+                self._served(sign)
+
+    def serve_standby(self, span: LayerRange, sign: int) -> None:
+        for layer in range(span.start, span.end):
+            self.standby_n[layer] += sign
+            if self.online_n[layer] + self.standby_n[layer] == (1 if sign > 0 else 0):
+                self._served(sign)
+
+    def _served(self, sign: int) -> None:
+        """A layer's first server came (sign > 0) or its last one went."""
+        if sign < 0:
+            self.gaps_opened += self.uncovered == 0
+        self.uncovered -= sign
 
     def stay(self, span: LayerRange | None, sign: int) -> None:
         for layer in range(span.start, span.end) if span is not None else ():
@@ -224,6 +256,9 @@ def simulate(cfg: SimConfig) -> SimResult:
     # the same population: differences are the policies', not the dice's.
     pop = random.Random(cfg.seed)
     rng = random.Random(f"{cfg.seed}-decisions")
+    # Standbys draw from their own streams, so the GPU peers' runs are the same with or without them.
+    has_standby = random.Random(f"{cfg.seed}-standby")
+    standby_rng = random.Random(f"{cfg.seed}-standby-decisions")
     weights = [c[2] for c in GPU_CLASSES]
 
     def new_peer(index: int) -> _Peer:
@@ -250,6 +285,74 @@ def simulate(cfg: SimConfig) -> SimResult:
     per_hour = 3600.0
     leave_rate = cfg.churn / per_hour  # per peer per second
 
+    standbys: dict[str, _Peer] = {}  # by host peer id; `layers` is where it is placed (loading or serving)
+    standby_moves = 0
+
+    def view_servers() -> list[int]:
+        """layer_servers as the DHT view shows them: an abruptly gone peer's record lingers until it expires."""
+        servers = swarm.staying_n[:]
+        for q in expiring.values():
+            for layer in range(q.serving.start, q.serving.end) if q.serving is not None else ():
+                servers[layer] += 1
+        return servers
+
+    def place_standby(sb: _Peer, target: LayerRange, now: float, instant: bool) -> None:
+        if sb.serving is not None:
+            swarm.serve_standby(sb.serving, -1)
+            sb.serving = None
+        if sb.layers is not None:
+            for layer in range(sb.layers.start, sb.layers.end):
+                swarm.standby_at[layer] -= 1
+        sb.layers, sb.generation = target, sb.generation + 1
+        for layer in range(target.start, target.end):
+            swarm.standby_at[layer] += 1
+        if instant:
+            sb.serving = target
+            swarm.serve_standby(target, +1)
+        else:
+            push(now + cfg.load_s_per_layer * sb.k, "standby_online", sb.peer_id, sb.generation)
+
+    def add_standby(host: _Peer, now: float, instant: bool) -> None:
+        if cfg.standby_share <= 0 or has_standby.random() >= cfg.standby_share:
+            return
+        sb = _Peer(host.peer_id, host.k, 0.0, host.rtt)
+        standbys[sb.peer_id] = sb
+        target = standby_window(view_servers(), swarm.standby_at, sb.k)
+        assert target is not None
+        place_standby(sb, target, now, instant)
+
+    def standby_round(now: float) -> None:
+        """Every standby's next read of the view (peer/balancer.py standby_loop), taken as one round.
+
+        Only standbys that could gain look closer: a window beats a standby's own place by at most
+        the best window score with everyone counted, so below the margin nobody moves.
+        """
+        nonlocal standby_moves
+        servers = view_servers()
+        ready = [sb for sb in standbys.values() if sb.serving is not None]
+        standby_rng.shuffle(ready)
+        best = _best_standby_scores(servers, swarm.standby_at, {sb.k for sb in ready})
+        for sb in ready:
+            if best[sb.k] < max(1.0, STANDBY_MARGIN * sb.k):
+                continue
+            others = swarm.standby_at[:]
+            for layer in range(sb.layers.start, sb.layers.end):
+                others[layer] -= 1
+            target = standby_window(servers, others, sb.k, sb.layers)
+            if target is not None:
+                place_standby(sb, target, now, instant=False)
+                standby_moves += 1
+                best = _best_standby_scores(servers, swarm.standby_at, {q.k for q in ready})
+
+    def wake_standbys(now: float) -> None:
+        """The GPU peers' layers changed: standbys decide at their next read (one round, deduplicated)."""
+        nonlocal standby_round_due
+        if standbys and standby_round_due < now:
+            standby_round_due = now + standby_rng.uniform(0.0, WATCH_PERIOD_S * 1.25)
+            push(standby_round_due, "standby_round")
+
+    standby_round_due = -1.0
+
     def admit(p: _Peer, now: float, instant: bool) -> None:
         bottleneck = None
         if cfg.flow_join:
@@ -259,6 +362,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         p.layers = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck)
         peers[p.peer_id] = p
         swarm.place(p, +1)
+        add_standby(p, now, instant)
         if instant:
             go_online(p)
         else:
@@ -279,6 +383,12 @@ def simulate(cfg: SimConfig) -> SimResult:
             if not p.draining:
                 swarm.stay(p.serving, -1)
         del peers[p.peer_id]
+        sb = standbys.pop(p.peer_id, None)
+        if sb is not None:  # a standby leaves with its host
+            if sb.serving is not None:
+                swarm.serve_standby(sb.serving, -1)
+            for layer in range(sb.layers.start, sb.layers.end):
+                swarm.standby_at[layer] -= 1
         if not p.draining:  # a drained peer announced OFFLINE and left balancing when it started draining
             expiring[p.peer_id] = p
             # The last announcement was 0-10 s ago, so the record outlives its peer by 20-30 s.
@@ -332,9 +442,10 @@ def simulate(cfg: SimConfig) -> SimResult:
         push(float(t) + 0.5, "route")
 
     joins = departures = migrations = routes_failed = drains = drains_timed_out = warmup_moves = 0
-    uncovered_time = uncovered_layer_time = 0.0
+    uncovered_time = uncovered_layer_time = standby_only_time = standby_seconds = 0.0
     peer_seconds = 0.0
     last = 0.0
+    wake_standbys(0.0)  # the initial standbys placed themselves one by one while the peers joined
     series: dict[str, list[float]] = {"t_h": [], "ratio": [], "uncovered_layers": [], "migrations": [],
                                       "sole_layers": [], "memory_ratio": []}
     ratios: list[float] = []
@@ -354,13 +465,16 @@ def simulate(cfg: SimConfig) -> SimResult:
         if swarm.uncovered:
             uncovered_time += dt
             uncovered_layer_time += dt * swarm.uncovered
+        elif swarm.gpu_uncovered:
+            standby_only_time += dt
         peer_seconds += dt * len(peers)
+        standby_seconds += dt * len(standbys)
         last = now
         p = peers.get(pid)
         if kind == "measure":  # warm-up over: count from here
             warmup_moves = migrations
-            joins = departures = migrations = routes_failed = drains = drains_timed_out = 0
-            uncovered_time = uncovered_layer_time = peer_seconds = 0.0
+            joins = departures = migrations = routes_failed = drains = drains_timed_out = standby_moves = 0
+            uncovered_time = uncovered_layer_time = peer_seconds = standby_only_time = standby_seconds = 0.0
             for values in (ratios, route_costs, route_hops, plan_ms, drain_s, flow_ratios, spread_ratios,
                            load_spreads, sole_counts):
                 values.clear()
@@ -386,17 +500,21 @@ def simulate(cfg: SimConfig) -> SimResult:
                     maybe_react(now, 0.0)
             else:
                 leave(p, now)
+            wake_standbys(now)
         elif kind == "expire":
             swarm.place(expiring.pop(pid), -1)  # the view no longer shows it: its layers look thin
             maybe_react(now, 0.0)
+            wake_standbys(now)
         elif kind == "drained" and p is not None and p.draining:
             if now < p.drain_deadline and not swarm.covered_without(p):
                 continue
             drains_timed_out += now >= p.drain_deadline and not swarm.covered_without(p)
             drain_s.append(now - drain_started.pop(pid))
             leave(p, now)
+            wake_standbys(now)
         elif kind == "online" and p is not None and gen == p.generation:
             go_online(p)
+            wake_standbys(now)
             for q in [q for q in peers.values() if q.draining]:  # few at a time
                 if swarm.covered_without(q):
                     push(now, "drained", q.peer_id)
@@ -414,6 +532,7 @@ def simulate(cfg: SimConfig) -> SimResult:
                     break  # every gap has a server loading it
                 if try_move(q, now, REACT_DELAY_PER_LAYER_S * q.k if cfg.fast_fill else 0.0):
                     migrations += 1
+                    wake_standbys(now)
                     if not cfg.fast_fill:
                         break
         elif kind == "balance" and p is not None:
@@ -422,9 +541,17 @@ def simulate(cfg: SimConfig) -> SimResult:
                 continue  # still loading: judge the range once it serves
             if try_move(p, now):
                 migrations += 1
+                wake_standbys(now)
+        elif kind == "standby_round":
+            standby_round(now)
+        elif kind == "standby_online":
+            sb = standbys.get(pid)
+            if sb is not None and gen == sb.generation:
+                sb.serving = sb.layers
+                swarm.serve_standby(sb.serving, +1)
         elif kind == "metric":
             bound = sum(q.thr * q.k for q in peers.values()) / num_layers
-            ratio = (min(swarm.online_thr) if not swarm.uncovered else 0.0) / bound if bound else 0.0
+            ratio = (min(swarm.online_thr) if not swarm.gpu_uncovered else 0.0) / bound if bound else 0.0
             ratios.append(ratio)
             series["t_h"].append(now / per_hour)
             series["ratio"].append(round(ratio, 4))
@@ -489,9 +616,22 @@ def simulate(cfg: SimConfig) -> SimResult:
         ordered_vs_bound=ordered_vs_bound,
         sole_servers_mean=mean([float(n) for n in sole_counts]) or 0.0,
         gaps_opened=swarm.gaps_opened,
+        standby_only_time_fraction=standby_only_time / measured if measured else 0.0,
+        standbys_mean=standby_seconds / measured if measured else 0.0,
+        standby_moves=standby_moves,
         wall_s=time.perf_counter() - wall0,
         series=series,
     )
+
+
+def _best_standby_scores(servers: list[int], standbys: list[int], sizes: set[int]) -> dict[int, float]:
+    """Per standby size k, the best standby_window score with every standby counted (a bound on any
+    standby's gain from moving: leaving its own place adds at most what it guards there)."""
+    prefix = [0.0]
+    for value in exposure(servers, standbys):
+        prefix.append(prefix[-1] + value)
+    n = len(servers)
+    return {k: max(prefix[s + min(k, n)] - prefix[s] for s in range(n - min(k, n) + 1)) for k in sizes}
 
 
 def _balance_arrays(swarm: _Swarm, k: int, cfg: SimConfig, counts: list[int] | None) -> tuple[list[float], list[int] | None]:
@@ -540,6 +680,8 @@ def format_table(r: SimResult) -> str:
          "n/a" if r.route_cost_s_mean is None else f"{r.route_cost_s_mean:.3f} s, {r.route_hops_mean:.1f} hops"),
         ("sole servers (mean peers) / gaps opened (mean s)",
          f"{r.sole_servers_mean:.1f} / {r.gaps_opened} ({_gap_s(r):.0f} s)"),
+        ("standbys (mean) / their moves / time served by standbys alone",
+         f"{r.standbys_mean:.0f} / {r.standby_moves} / {r.standby_only_time_fraction:.3%}"),
         ("plan_route time (mean) / failed", f"{(r.route_plan_ms_mean or 0):.1f} ms / {r.routes_failed}"),
         ("wall time", f"{r.wall_s:.1f} s"),
     ]
@@ -606,6 +748,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="a gap is filled by one random peer, not by the fastest loaders in parallel")
     ap.add_argument("--untiered", action="store_true",
                     help="peers weigh every peer, not only those holding at least as many layers (the rule before)")
+    ap.add_argument("--standby-share", type=float, default=0.0,
+                    help="share of peers that also run a standby in host memory (swarm-peer serve --standby)")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
@@ -614,7 +758,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
-                    warmup_hours=a.warmup_hours)
+                    warmup_hours=a.warmup_hours, standby_share=a.standby_share)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

@@ -299,8 +299,7 @@ def standby_window(
     if total == 0 or num_layers <= 0:
         raise ValueError(f"cannot place {num_layers} standby layers in a {total}-layer model")
     k = min(num_layers, total)
-    weight = [0.0 if standby else EXPOSED_GAP if n == 0 else 1.0 if n == 1 else 0.0
-              for n, standby in zip(servers, standbys)]
+    weight = exposure(servers, standbys)
     prefix = [0.0]
     for value in weight:
         prefix.append(prefix[-1] + value)
@@ -314,6 +313,13 @@ def standby_window(
     if best_score < here + max(1.0, STANDBY_MARGIN * k):
         return None
     return LayerRange(best, best + k)
+
+
+def exposure(servers: Sequence[int], standbys: Sequence[int]) -> list[float]:
+    """Per-layer score of standby_window: EXPOSED_GAP for a layer nobody serves, 1 for a
+    sole-served one, 0 when a standby holds it or two peers serve it."""
+    return [0.0 if standby else EXPOSED_GAP if n == 0 else 1.0 if n == 1 else 0.0
+            for n, standby in zip(servers, standbys)]
 
 
 def standby_layers(view: SwarmView, me: str, num_layers: int) -> LayerRange | None:
