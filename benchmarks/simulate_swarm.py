@@ -35,8 +35,9 @@ the swarm's memory could hold the model.
 
 Standbys (--standby-share): that share of the peers also runs `swarm-peer serve --standby` in
 host memory, as many layers as its GPU holds, loading as slowly. A standby places itself with
-routing.standby_window on the layers one crash would leave dark, re-deciding at its next read
-of the view (WATCH_PERIOD_S) after anything changes them, and leaves with its host. Coverage
+routing.standby_window on the layers one crash would leave dark, its host's excepted (one crash
+takes both), re-deciding at its next read of the view (WATCH_PERIOD_S) after anything changes
+them, and leaves with its host. Coverage
 counts a layer a standby serves as served (routes use it only then, slowly), and the time
 some layer was served by standbys alone is reported; the GPU peers' balancing ignores
 standbys, and throughput figures leave them out (a CPU's share is negligible).
@@ -296,6 +297,17 @@ def simulate(cfg: SimConfig) -> SimResult:
                 servers[layer] += 1
         return servers
 
+    def guardable(sb: _Peer, servers: list[int]) -> list[int]:
+        """`servers` as standby sb weighs them: its host's layers are not its to guard (one crash takes both)."""
+        host = peers.get(sb.peer_id)
+        span = None if host is None or host.draining else host.serving
+        if span is None:
+            return servers
+        servers = servers[:]
+        for layer in range(span.start, span.end):
+            servers[layer] = max(servers[layer], 2)
+        return servers
+
     def place_standby(sb: _Peer, target: LayerRange, now: float, instant: bool) -> None:
         if sb.serving is not None:
             swarm.serve_standby(sb.serving, -1)
@@ -317,7 +329,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             return
         sb = _Peer(host.peer_id, host.k, 0.0, host.rtt)
         standbys[sb.peer_id] = sb
-        target = standby_window(view_servers(), swarm.standby_at, sb.k)
+        target = standby_window(view_servers(), swarm.standby_at, sb.k)  # its host is still loading
         assert target is not None
         place_standby(sb, target, now, instant)
 
@@ -338,7 +350,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             others = swarm.standby_at[:]
             for layer in range(sb.layers.start, sb.layers.end):
                 others[layer] -= 1
-            target = standby_window(servers, others, sb.k, sb.layers)
+            target = standby_window(guardable(sb, servers), others, sb.k, sb.layers)
             if target is not None:
                 place_standby(sb, target, now, instant=False)
                 standby_moves += 1

@@ -17,6 +17,7 @@ from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
 from routing import choose_layers, should_move, standby_layers, urgent_layers
 from shards.config import ModelConfig
+from swarm.reachability import machine_ips
 from swarm.types import LayerRange, SwarmView
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class Placement:
     model_config: ModelConfig
     fetch_view: Callable[[], Awaitable[SwarmView]]
     peer_id: Callable[[], str]
+    visible_maddrs: Callable[[], list[str]]  # what we announce: a standby avoids guarding peers on our machine
     layers: Callable[[], LayerRange | None]
     throughput: Callable[[], float]
     migrate: Callable[[LayerRange], Awaitable[bool]]  # False: it stepped back (see PeerServer.migrate)
@@ -55,7 +57,7 @@ async def choose_initial_layers(placement: Placement) -> LayerRange:
                                               cfg.cache_tokens, cfg.quant, cfg.quant_group_size)
     view = await placement.fetch_view()
     if cfg.standby:
-        layers = standby_layers(view, placement.peer_id(), min(count, total))
+        layers = standby_layers(view, placement.peer_id(), min(count, total), same_machine(view, placement))
         assert layers is not None  # a peer without a record always gets a window
         logger.info("standby: chose layers %s (%d of %d), where a crash would leave layers dark",
                     layers, len(layers), total)
@@ -124,7 +126,7 @@ async def standby_loop(placement: Placement) -> None:
             view = await placement.fetch_view()
             if mine is None or placement.peer_id() not in view.records:
                 continue
-            target = standby_layers(view, placement.peer_id(), len(mine))
+            target = standby_layers(view, placement.peer_id(), len(mine), same_machine(view, placement))
             if target is not None:
                 logger.info("standby: layers %s are more exposed than %s (one crash from dark): moving there",
                             target, mine)
@@ -133,3 +135,11 @@ async def standby_loop(placement: Placement) -> None:
             raise
         except Exception:
             logger.exception("standby round failed; staying on layers %s", mine)
+
+
+def same_machine(view: SwarmView, placement: Placement) -> list[str]:
+    """Peers announcing one of our IPs (swarm.reachability.machine_ips): a crash of this machine takes
+    them with us, so a standby does not guard their layers."""
+    mine = machine_ips(placement.visible_maddrs())
+    return sorted(r.peer_id for r in view.records.values()
+                  if r.peer_id != placement.peer_id() and mine & machine_ips(r.addrs))

@@ -137,6 +137,7 @@ class PeerServer:
             model_config=self.model_config,
             fetch_view=lambda: self.node.fetch_view_async(cfg.model_name, self.model_config.num_layers),
             peer_id=lambda: self.peer_id,
+            visible_maddrs=self.visible_maddrs,
             layers=lambda: self.layers,
             throughput=lambda: self.throughput,
             migrate=self.migrate,

@@ -35,7 +35,7 @@ can keep them incrementally; choose_layers / should_move are the same on a Swarm
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from routing.flow import bottleneck_layer
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
@@ -322,9 +322,13 @@ def exposure(servers: Sequence[int], standbys: Sequence[int]) -> list[float]:
             for n, standby in zip(servers, standbys)]
 
 
-def standby_layers(view: SwarmView, me: str, num_layers: int) -> LayerRange | None:
+def standby_layers(view: SwarmView, me: str, num_layers: int, same_machine: Collection[str] = ()) -> LayerRange | None:
     """standby_window for standby peer `me` on a view: its first layers (when the view has no
-    record of it yet), a better place, or None to stay."""
+    record of it yet), a better place, or None to stay.
+
+    `same_machine`: peers that fail with this standby (one machine, e.g. the GPU peer beside it).
+    Guarding their layers is useless, since one crash takes both: those layers count as not exposed.
+    """
     mine = view.records.get(me)
     standbys = [0] * view.num_layers
     for r in view.records.values():
@@ -332,8 +336,14 @@ def standby_layers(view: SwarmView, me: str, num_layers: int) -> LayerRange | No
         if r.standby and r.peer_id != me and r.state in _COUNTED:
             for layer in range(span.start, min(span.end, view.num_layers)):
                 standbys[layer] += 1
+    servers = layer_servers(view)
+    for peer_id in same_machine:
+        record = view.records.get(peer_id)
+        span = None if record is None else _staying_layers(record)
+        for layer in range(span.start, min(span.end, view.num_layers)) if span is not None else ():
+            servers[layer] = max(servers[layer], 2)  # not exposed as far as this standby can help
     current = None if mine is None else (mine.moving_to or mine.layers)
-    return standby_window(layer_servers(view), standbys, num_layers, current)
+    return standby_window(servers, standbys, num_layers, current)
 
 
 def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:

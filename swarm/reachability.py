@@ -114,6 +114,13 @@ def is_loopback(maddr: str) -> bool:
     return ip is not None and ip.is_loopback
 
 
+def machine_ips(maddrs: Iterable[str]) -> set[str]:
+    """The IPs a peer announces, loopback and unspecified ones left out: two peers announcing one
+    of these run on one machine (or behind one NAT). Peers on 127.0.0.1 tell nothing (a local swarm)."""
+    ips = (_ip_of(m) for m in maddrs if not is_relayed(m))
+    return {str(ip) for ip in ips if ip is not None and not ip.is_loopback and not ip.is_unspecified}
+
+
 def is_relayed(maddr: str) -> bool:
     return "/p2p-circuit" in maddr
 

@@ -15,6 +15,7 @@ from client.monitor.state import peer_entry
 from routing.route import plan_route
 from swarm.dht import SwarmNode
 from swarm.reachability import (
+    machine_ips,
     AddressError,
     DialBackService,
     check_reachable,
@@ -65,6 +66,13 @@ def test_join_line_prefers_public_then_private_then_loopback() -> None:
     assert join_maddr([loop, relay]) == relay
     assert "--initial-peers " + lan in join_advice([loop, lan]) and "loopback" not in join_advice([lan])
     assert "loopback only" in join_advice([loop]) and "--port" in join_advice([loop])
+
+
+def test_machine_ips_name_the_machine_but_not_loopback_or_relays() -> None:
+    addrs = ["/ip4/203.0.113.5/tcp/31337/p2p/QmA", "/ip4/127.0.0.1/tcp/31337/p2p/QmA", "/ip4/0.0.0.0/tcp/1",
+             "/ip4/198.51.100.1/tcp/4001/p2p/QmR/p2p-circuit/p2p/QmA", "/ip6/2001:db8::1/udp/5/quic-v1"]
+    assert machine_ips(addrs) == {"203.0.113.5", "2001:db8::1"}  # the relay's IP is not ours
+    assert machine_ips(["/ip4/127.0.0.1/tcp/1"]) == set()  # a local swarm: every peer on one address
 
 
 def test_relayed_field_old_records_and_bad_values() -> None:

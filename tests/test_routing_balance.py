@@ -350,7 +350,9 @@ def test_a_standby_guards_the_layers_one_crash_would_leave_dark() -> None:
     # When b crashes its layers are dark: a standby elsewhere moves, by more than the margin.
     v = view(10, rec("a1", "0:4"), rec("a2", "0:4"), rec("c", "8:10"), replace(rec("s", "8:10", 0.1), standby=True))
     assert standby_window(layer_servers(v), [0] * 10, 2, LayerRange(8, 10)) == LayerRange(4, 6)
-    # ... but not for one more exposed layer than it guards now.
+    # A standby never guards the layers of a peer on its own machine: one crash takes both.
+    assert standby_layers(view(10, *swarm), "s", 4, same_machine=["b"]) == LayerRange(6, 10)
+    # ... and does not move for one more exposed layer than it guards now.
     assert standby_window([2, 1, 1, 1, 2, 1, 1], [0] * 7, 2, LayerRange(5, 7)) is None
 
 
