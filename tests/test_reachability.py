@@ -15,12 +15,12 @@ from client.monitor.state import peer_entry
 from routing.route import plan_route
 from swarm.dht import SwarmNode
 from swarm.reachability import (
-    machine_ips,
     AddressError,
     DialBackService,
     check_reachable,
     join_advice,
     join_maddr,
+    machine_ips,
     parse_peer_maddr,
     plan_addresses,
 )
