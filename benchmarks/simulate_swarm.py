@@ -297,16 +297,25 @@ def simulate(cfg: SimConfig) -> SimResult:
                 servers[layer] += 1
         return servers
 
-    def guardable(sb: _Peer, servers: list[int]) -> list[int]:
-        """`servers` as standby sb weighs them: its host's layers are not its to guard (one crash takes both)."""
+    def host_layers(sb: _Peer) -> list[LayerRange]:
+        """Where standby sb's host serves and loads: one crash takes both, so sb guards nothing there."""
         host = peers.get(sb.peer_id)
-        span = None if host is None or host.draining else host.serving
-        if span is None:
-            return servers
-        servers = servers[:]
-        for layer in range(span.start, span.end):
-            servers[layer] = max(servers[layer], 2)
-        return servers
+        return [] if host is None else [span for span in {host.serving, host.layers} if span is not None]
+
+    def useless(sb: _Peer) -> list[bool]:
+        out = [False] * num_layers
+        for span in host_layers(sb):
+            out[span.start : span.end] = [True] * len(span)
+        return out
+
+    def guards() -> list[int]:
+        """Per layer, the standbys that guard it: placed there, and not on their own host's layers."""
+        out = swarm.standby_at[:]
+        for sb in standbys.values():
+            for span in host_layers(sb):
+                for layer in range(max(span.start, sb.layers.start), min(span.end, sb.layers.end)):
+                    out[layer] -= 1
+        return out
 
     def place_standby(sb: _Peer, target: LayerRange, now: float, instant: bool) -> None:
         if sb.serving is not None:
@@ -328,9 +337,9 @@ def simulate(cfg: SimConfig) -> SimResult:
         if cfg.standby_share <= 0 or has_standby.random() >= cfg.standby_share:
             return
         sb = _Peer(host.peer_id, host.k, 0.0, host.rtt)
-        standbys[sb.peer_id] = sb
-        target = standby_window(view_servers(), swarm.standby_at, sb.k)  # its host is still loading
+        target = standby_window(view_servers(), guards(), sb.k, useless=useless(sb))
         assert target is not None
+        standbys[sb.peer_id] = sb
         place_standby(sb, target, now, instant)
 
     def standby_round(now: float) -> None:
@@ -343,18 +352,21 @@ def simulate(cfg: SimConfig) -> SimResult:
         servers = view_servers()
         ready = [sb for sb in standbys.values() if sb.serving is not None]
         standby_rng.shuffle(ready)
-        best = _best_standby_scores(servers, swarm.standby_at, {sb.k for sb in ready})
+        guarded = guards()
+        best = _best_standby_scores(servers, guarded, {sb.k for sb in ready})
         for sb in ready:
             if best[sb.k] < max(1.0, STANDBY_MARGIN * sb.k):
                 continue
-            others = swarm.standby_at[:]
+            others = guarded[:]
+            hosted = useless(sb)
             for layer in range(sb.layers.start, sb.layers.end):
-                others[layer] -= 1
-            target = standby_window(guardable(sb, servers), others, sb.k, sb.layers)
+                others[layer] -= not hosted[layer]  # itself, where it counts as a guard
+            target = standby_window(servers, others, sb.k, sb.layers, hosted)
             if target is not None:
                 place_standby(sb, target, now, instant=False)
                 standby_moves += 1
-                best = _best_standby_scores(servers, swarm.standby_at, {q.k for q in ready})
+                guarded = guards()
+                best = _best_standby_scores(servers, guarded, {q.k for q in ready})
 
     def wake_standbys(now: float) -> None:
         """The GPU peers' layers changed: standbys decide at their next read (one round, deduplicated)."""

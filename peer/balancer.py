@@ -17,7 +17,7 @@ from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
 from routing import choose_layers, should_move, standby_layers, urgent_layers
 from shards.config import ModelConfig
-from swarm.reachability import machine_ips
+from swarm.reachability import machine_of
 from swarm.types import LayerRange, SwarmView
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ async def choose_initial_layers(placement: Placement) -> LayerRange:
                                               cfg.cache_tokens, cfg.quant, cfg.quant_group_size)
     view = await placement.fetch_view()
     if cfg.standby:
-        layers = standby_layers(view, placement.peer_id(), min(count, total), same_machine(view, placement))
+        layers = standby_layers(view, placement.peer_id(), min(count, total), machines(view, placement))
         assert layers is not None  # a peer without a record always gets a window
         logger.info("standby: chose layers %s (%d of %d), where a crash would leave layers dark",
                     layers, len(layers), total)
@@ -126,7 +126,7 @@ async def standby_loop(placement: Placement) -> None:
             view = await placement.fetch_view()
             if mine is None or placement.peer_id() not in view.records:
                 continue
-            target = standby_layers(view, placement.peer_id(), len(mine), same_machine(view, placement))
+            target = standby_layers(view, placement.peer_id(), len(mine), machines(view, placement))
             if target is not None:
                 logger.info("standby: layers %s are more exposed than %s (one crash from dark): moving there",
                             target, mine)
@@ -137,9 +137,10 @@ async def standby_loop(placement: Placement) -> None:
             logger.exception("standby round failed; staying on layers %s", mine)
 
 
-def same_machine(view: SwarmView, placement: Placement) -> list[str]:
-    """Peers announcing one of our IPs (swarm.reachability.machine_ips): a crash of this machine takes
-    them with us, so a standby does not guard their layers."""
-    mine = machine_ips(placement.visible_maddrs())
-    return sorted(r.peer_id for r in view.records.values()
-                  if r.peer_id != placement.peer_id() and mine & machine_ips(r.addrs))
+def machines(view: SwarmView, placement: Placement) -> dict[str, str]:
+    """Peer id -> machine (swarm.reachability.machine_of) for every record announcing a real IP, ours
+    included: peers on one machine fail together, so a standby does not guard their layers."""
+    out = {r.peer_id: m for r in view.records.values() if (m := machine_of(r.addrs)) is not None}
+    if (mine := machine_of(placement.visible_maddrs())) is not None:
+        out[placement.peer_id()] = mine
+    return out

@@ -121,6 +121,11 @@ def machine_ips(maddrs: Iterable[str]) -> set[str]:
     return {str(ip) for ip in ips if ip is not None and not ip.is_loopback and not ip.is_unspecified}
 
 
+def machine_of(maddrs: Iterable[str]) -> str | None:
+    """A name for the machine announcing `maddrs` (its lowest IP, see machine_ips), or None if unknown."""
+    return min(machine_ips(maddrs), default=None)
+
+
 def is_relayed(maddr: str) -> bool:
     return "/p2p-circuit" in maddr
 

@@ -21,6 +21,7 @@ from swarm.reachability import (
     join_advice,
     join_maddr,
     machine_ips,
+    machine_of,
     parse_peer_maddr,
     plan_addresses,
 )
@@ -73,6 +74,7 @@ def test_machine_ips_name_the_machine_but_not_loopback_or_relays() -> None:
              "/ip4/198.51.100.1/tcp/4001/p2p/QmR/p2p-circuit/p2p/QmA", "/ip6/2001:db8::1/udp/5/quic-v1"]
     assert machine_ips(addrs) == {"203.0.113.5", "2001:db8::1"}  # the relay's IP is not ours
     assert machine_ips(["/ip4/127.0.0.1/tcp/1"]) == set()  # a local swarm: every peer on one address
+    assert machine_of(addrs) == "2001:db8::1" and machine_of(["/ip4/127.0.0.1/tcp/1"]) is None
 
 
 def test_relayed_field_old_records_and_bad_values() -> None:

@@ -351,7 +351,18 @@ def test_a_standby_guards_the_layers_one_crash_would_leave_dark() -> None:
     v = view(10, rec("a1", "0:4"), rec("a2", "0:4"), rec("c", "8:10"), replace(rec("s", "8:10", 0.1), standby=True))
     assert standby_window(layer_servers(v), [0] * 10, 2, LayerRange(8, 10)) == LayerRange(4, 6)
     # A standby never guards the layers of a peer on its own machine: one crash takes both.
-    assert standby_layers(view(10, *swarm), "s", 4, same_machine=["b"]) == LayerRange(6, 10)
+    host = {"b": "10.0.0.2", "s": "10.0.0.2", "a1": "10.0.0.1"}
+    assert standby_layers(view(10, *swarm), "s", 4, host) == LayerRange(6, 10)
+    loading = view(10, rec("a1", "0:4"), rec("a2", "0:4"), rec("b", "4:8", state=J), rec("c", "8:10"))
+    assert standby_layers(loading, "s", 4) == LayerRange(4, 8)  # a gap, unless its loader is our machine
+    assert standby_layers(loading, "s", 4, host) == LayerRange(6, 10)
+    # Nor does a standby sitting on its own machine's layers count as their guard for others.
+    beside_host = replace(rec("s", "4:8", 0.1), standby=True)
+    assert standby_layers(view(10, *swarm, beside_host), "t", 4, host) == LayerRange(4, 8)
+    # A standby that alone serves a layer (its server crashed) stays, even for a better place.
+    gap = view(10, rec("a1", "0:4"), rec("c", "8:10"), replace(rec("s", "4:6", 0.1), standby=True))
+    assert standby_layers(gap, "s", 2) is None
+    assert standby_window([0, 0, 0, 1, 1], [0] * 5, 1, LayerRange(4, 5)) == LayerRange(0, 1)
     # ... and does not move for one more exposed layer than it guards now.
     assert standby_window([2, 1, 1, 1, 2, 1, 1], [0] * 7, 2, LayerRange(5, 7)) is None
 
