@@ -9,7 +9,7 @@
 - `prefix_cache.py`, `page_outputs.py`: prefix sharing (page hashes, LRU of cached pages, stored outputs).
 - `rate_limit.py`: steps per second per client.
 - `balancer.py`, `memory.py`: choosing and moving the served layers (given a `Placement` of callables,
-  not the server); how many layers fit.
+  not the server; a `--standby` peer follows the layers one crash would leave dark); how many layers fit.
 - `scheduler.py`: continuous batching of many sessions' steps into one forward pass.
 - `push.py`: server-to-server push of a session's output to the next hop.
 - `view.py`: the `view` request: the records this peer sees for a model, as their owners signed them

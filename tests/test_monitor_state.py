@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -70,6 +69,15 @@ def test_a_moving_peer_covers_its_old_layers_and_shows_its_target_loading() -> N
     assert [c["joining"] for c in m["layers"]] == [1, 1, 1, 0, 0, 0]
     mover = next(p for p in m["peers"] if p["peer_id"] == "m")
     assert mover["moving_to"] == [0, 3] and "moving to 0:3" in peer_row(mover, 6)
+
+
+def test_a_standby_covers_and_is_marked() -> None:
+    standby = rec("s", 3, 6, standby=True)
+    m = model_state(view(rec("a", 0, 3), standby), ok("a", "s"))
+    assert m["healthy"] and [c["online"] for c in m["layers"]] == [1] * 6  # slow, but served
+    entry = next(p for p in m["peers"] if p["peer_id"] == "s")
+    assert entry["standby"] and "standby" in peer_row(entry, 6)
+    assert "standby" not in peer_row(next(p for p in m["peers"] if p["peer_id"] == "a"), 6)
 
 
 def test_unreachable_and_offline_peers_do_not_cover() -> None:
