@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
