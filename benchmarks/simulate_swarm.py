@@ -37,10 +37,10 @@ Standbys (--standby-share): that share of the peers also runs `swarm-peer serve 
 host memory, as many layers as its GPU holds, loading as slowly. A standby places itself with
 routing.standby_window on the layers one crash would leave dark, its host's excepted (one crash
 takes both), re-deciding at its next read of the view (WATCH_PERIOD_S) after anything changes
-them, and leaves with its host. Coverage
-counts a layer a standby serves as served (routes use it only then, slowly), and the time
-some layer was served by standbys alone is reported; the GPU peers' balancing ignores
-standbys, and throughput figures leave them out (a CPU's share is negligible).
+them, and leaves with its host. Coverage counts a layer a standby serves as served (routes use
+it only then, slowly), and the time some layer was served by standbys alone is reported; the
+GPU peers' balancing ignores standbys, and throughput figures leave them out (a CPU's share is
+negligible).
 """
 
 from __future__ import annotations
