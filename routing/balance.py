@@ -29,8 +29,13 @@ at SOLE_DISCOUNT of its throughput (its *strength*). Such a layer is one abrupt 
 from a gap that lasts a whole weight load, while a second server turns that departure into
 a repair with no gap; so a second server is worth more there than speed alone says.
 
-The array-level functions (choose_window, plan_move) take per-layer lists so a simulator
-can keep them incrementally; choose_layers / should_move are the same on a SwarmView.
+Standbys (record `standby`: a slow safety net, usually a CPU) count nowhere in the above: they
+are no capacity, and no server a move or drain may count on. standby_layers places them on the
+layers one abrupt departure would leave dark (exposed), minding machines that fail together.
+
+The array-level functions (choose_window, plan_move, standby_window) take per-layer lists so a
+simulator can keep them incrementally; choose_layers / should_move / standby_layers are the
+same on a SwarmView.
 """
 
 from __future__ import annotations
