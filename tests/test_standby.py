@@ -29,6 +29,9 @@ def test_a_standby_takes_sole_served_layers_and_keeps_them_served_through_a_cras
     standby = local_swarm.start_peer(model_path, None, "--standby", "--num-layers", "4", "--announce-ttl", TTL)
     node = SwarmNode(initial_peers=local_swarm.initial_peers, client_mode=True)
     try:
+        deadline = time.monotonic() + 10
+        while standby.peer_id not in node.fetch_view(name).records and time.monotonic() < deadline:
+            time.sleep(0.2)
         record = node.fetch_view(name).records[standby.peer_id]
         assert record.standby and record.layers == LayerRange(4, 8), record  # where one crash leaves layers dark
         assert "standby: chose layers 4:8" in standby.log_text()
