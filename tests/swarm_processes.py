@@ -1,15 +1,17 @@
-"""The `local_swarm` fixture: real peer processes on 127.0.0.1, killed by pid at teardown."""
+"""The `local_swarm` fixture: real peer processes on 127.0.0.1, killed by pid at teardown;
+`wait_until`, the bounded wait for what those processes announce."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from client.local_swarm import LocalSwarm
 
-__all__ = ["local_swarm"]
+__all__ = ["local_swarm", "wait_until"]
 
 # Peers of a test run with one torch thread each: several share the 2-core CI machine.
 TEST_ENV = {"OMP_NUM_THREADS": "1"}
@@ -23,3 +25,12 @@ def new_test_swarm(log_dir: Path) -> LocalSwarm:
 def local_swarm(tmp_path: Path) -> Iterator[LocalSwarm]:
     with new_test_swarm(tmp_path) as swarm:
         yield swarm
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, poll: float = 0.3) -> None:
+    """Poll `predicate` every `poll` s until it holds; fail the test after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll)

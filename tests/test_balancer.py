@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from client import ClientConfig, DistributedModel
 from client.local_swarm import LocalSwarm, SwarmProcess
 from swarm.dht import SwarmNode
 from swarm.types import LayerRange
+from tests.swarm_processes import wait_until
 
 pytestmark = pytest.mark.slow
 PERIOD = "2"  # --balance-period in seconds: short, so the test sees moves quickly
@@ -22,13 +22,6 @@ TTL = "3"  # --announce-ttl: a killed peer's record vanishes this fast
 def served_ranges(node: SwarmNode, model: str) -> dict[str, LayerRange]:
     return {r.peer_id: r.layers for r in node.fetch_view(model).online()}
 
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.5)
 
 
 def test_peers_spread_over_layers_then_close_a_gap_while_a_client_generates(
@@ -44,13 +37,13 @@ def test_peers_spread_over_layers_then_close_a_gap_while_a_client_generates(
         for _ in range(2):  # started one after another, so each sees the ones before it
             movers.append(local_swarm.start_peer(model_path, None, "--num-layers", "10", "--balance-period", PERIOD,
                                                  "--announce-ttl", TTL, "--move-mode", "in-place"))
-        wait_until(lambda: len(served_ranges(node, name)) == 3, 20, "3 records")
+        wait_until(lambda: len(served_ranges(node, name)) == 3, 20, "3 records", poll=0.5)
         # Three peers of 10 layers on a 30-layer model: spread over every layer (none may move:
         # each range is the only copy, so leaving would uncover it).
         assert set(served_ranges(node, name).values()) == {LayerRange(0, 10), LayerRange(10, 20), LayerRange(20, 30)}
         movers.append(local_swarm.start_peer(model_path, None, "--num-layers", "10", "--balance-period", PERIOD,
                                              "--announce-ttl", TTL, "--move-mode", "in-place"))
-        wait_until(lambda: len(served_ranges(node, name)) == 4, 20, "4 records")
+        wait_until(lambda: len(served_ranges(node, name)) == 4, 20, "4 records", poll=0.5)
         ranges = served_ranges(node, name)
         assert ranges[fixed.peer_id] == LayerRange(0, 10)
         assert node.fetch_view(name).uncovered_layers() == []
@@ -97,7 +90,7 @@ def test_peers_spread_over_layers_then_close_a_gap_while_a_client_generates(
             view = node.fetch_view(name)
             return victim.peer_id not in view.records and view.uncovered_layers() == []
 
-        wait_until(gap_closed, 2 * float(PERIOD) * 1.25 + float(TTL) + 10, f"the layers of {gap} to be served again")
+        wait_until(gap_closed, 2 * float(PERIOD) * 1.25 + float(TTL) + 10, f"the layers of {gap} to be served again", poll=0.5)
         assert served_ranges(node, name)[fixed.peer_id] == LayerRange(0, 10), "a fixed --layers peer moved"
         assert node.fetch_view(name).uncovered_layers() == []
         # In place, as a GPU filled by its own layers moves (tests/test_drain.py moves beside).

@@ -16,17 +16,10 @@ from client import ClientConfig, DistributedModel
 from client.local_swarm import LocalSwarm
 from swarm.dht import SwarmNode
 from swarm.types import LayerRange, PeerState
+from tests.swarm_processes import wait_until
 
 pytestmark = pytest.mark.slow
 TTL = "3"  # --announce-ttl: records refresh every second, so the DHT follows the drain closely
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.3)
 
 
 class CoverageWatch(threading.Thread):

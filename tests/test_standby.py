@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from client import ClientConfig, DistributedModel
 from client.local_swarm import LocalSwarm
 from swarm.dht import SwarmNode
 from swarm.types import LayerRange
+from tests.swarm_processes import wait_until
 
 pytestmark = pytest.mark.slow
 TTL = "3"  # --announce-ttl: the crashed peer's record vanishes this fast
@@ -29,9 +29,7 @@ def test_a_standby_takes_sole_served_layers_and_keeps_them_served_through_a_cras
     standby = local_swarm.start_peer(model_path, None, "--standby", "--num-layers", "4", "--announce-ttl", TTL)
     node = SwarmNode(initial_peers=local_swarm.initial_peers, client_mode=True)
     try:
-        deadline = time.monotonic() + 10
-        while standby.peer_id not in node.fetch_view(name).records and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(lambda: standby.peer_id in node.fetch_view(name).records, 10, "the standby's record")
         record = node.fetch_view(name).records[standby.peer_id]
         assert record.standby and record.layers == LayerRange(4, 8), record  # where one crash leaves layers dark
         assert "standby: chose layers 4:8" in standby.log_text()
@@ -69,12 +67,13 @@ def test_a_standby_takes_sole_served_layers_and_keeps_them_served_through_a_cras
             assert [h.peer_id for h in session.hops if h.layers.end == 8] == [standby.peer_id]
         finally:
             model.close()
-        deadline = time.monotonic() + float(TTL) + 10
-        while sole.peer_id in node.fetch_view(name).records and time.monotonic() < deadline:
-            uncovered.append(node.fetch_view(name).uncovered_layers())
-            time.sleep(0.3)
-        view = node.fetch_view(name)
-        assert sole.peer_id not in view.records, "the crashed peer's record outlived its TTL"
-        assert uncovered and all(layers == [] for layers in uncovered + [view.uncovered_layers()])
+
+        def record_expired() -> bool:  # watching coverage until then, as a monitor would
+            view = node.fetch_view(name)
+            uncovered.append(view.uncovered_layers())
+            return sole.peer_id not in view.records
+
+        wait_until(record_expired, float(TTL) + 10, "the crashed peer's record to expire")
+        assert uncovered and all(layers == [] for layers in uncovered)
     finally:
         node.shutdown()
