@@ -28,7 +28,10 @@ Reaction, timed as peer/balancer.py does: peers re-read the DHT every WATCH_PERI
 and decide at once (routing.urgent_layers) when some layer has no ONLINE server: a DRAINING
 sole server, or a gap whose record expired. Peers wait REACT_DELAY_PER_LAYER_S per layer they
 hold first, so the fastest loaders move first, in parallel while gaps are left; a moving peer
-counts at its target at once (its record), so the others see the layers taken.
+counts at its target at once (its record), so the others see the layers taken. Thin layers
+(routing.thin_layers: staying servers below THIN_SHARE of the mean layer throughput) wake them
+the same way, and a draining peer whose layers would be thin without it stays while a peer
+loads there (peer/drain.py; --no-thin: gaps alone, and drains leave once covered).
 
 The model has num_layers = sum(k) / redundancy layers, so `redundancy` is how many times
 the swarm's memory could hold the model.
@@ -39,8 +42,9 @@ routing.standby_window on the layers one crash would leave dark, its host's exce
 takes both), re-deciding at its next read of the view (WATCH_PERIOD_S) after anything changes
 them, and leaves with its host. Coverage counts a layer a standby serves as served (routes use
 it only then, slowly), and the time some layer was served by standbys alone is reported; the
-GPU peers' balancing ignores standbys, and throughput figures leave them out (a CPU's share is
-negligible).
+GPU peers' balancing counts standbys only as guards (no SOLE_DISCOUNT where one is; off with
+--no-guard-discount, and the GPU peers' run is the same as without standbys), and throughput
+figures leave them out (a CPU's share is negligible).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ import json
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -58,6 +63,7 @@ from benchmarks.sim_optimum import ordered_placement
 from routing import (
     DEFAULT_QUALITY,
     SOLE_DISCOUNT,
+    THIN_SHARE,
     NoRouteError,
     choose_window,
     plan_move,
@@ -81,13 +87,14 @@ LOAD_S_PER_LAYER = 5.0
 # not decide in lockstep and herd to the same spot).
 BALANCE_PERIOD_S = 600.0
 METRIC_PERIOD_S = 60.0  # bottleneck / bound sampled once a simulated minute
-ROUTE_PERIOD_S = 600.0  # a client route planned every 10 simulated minutes
+ROUTE_PERIOD_S = 600.0  # a client route planned (and the max flow taken) every 10 simulated minutes
 RTT_RANGE_S = (0.01, 0.15)  # client-to-peer round trips, uniform
 # Mirrors of the peer's constants (peer/balancer.py, peer/config.py; not imported: that pulls in torch).
 WATCH_PERIOD_S = 5.0  # peers re-read the view this often (+-25%) to spot layers nobody ONLINE serves
 REACT_DELAY_PER_LAYER_S = 0.5  # then wait this long per layer they hold before deciding
 RECORD_TTL_S = 30.0  # swarm-peer --announce-ttl; re-announced every third of it
 DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are not covered
+THIN_GRACE_S = 10.0  # peer/drain.py: covered but thin, a drainer waits this long for a replacement to start loading
 
 
 @dataclass
@@ -111,6 +118,9 @@ class SimConfig:
     tiered: bool = True  # a peer weighs only peers holding at least as many layers (routing.balance)
     warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
     standby_share: float = 0.0  # share of peers also running a standby in host memory (swarm-peer serve --standby)
+    thin: bool = True  # thin layers wake peers and hold drains (routing.thin_layers); False: gaps alone
+    guard_discount: bool = True  # no SOLE_DISCOUNT on layers a standby holds (routing.guarded_layers)
+    route_period_s: float = ROUTE_PERIOD_S  # seconds between route and max-flow samples
 
 
 @dataclass
@@ -167,7 +177,7 @@ class _Swarm:
 
     Balancing's view (ONLINE + JOINING, movers at their target, not DRAINING): thr, counted.
     Serving (ONLINE, DRAINING too): online_thr, online_n. Staying servers (ONLINE,
-    not DRAINING): staying_n. A mover pauses while it loads (memory for one range only).
+    not DRAINING): staying_n, staying_thr. A mover pauses while it loads (memory for one range only).
     Standbys: standby_n serving, standby_at placed (loading too). uncovered: layers nobody
     serves, standbys included; gpu_uncovered: layers no GPU peer serves.
     """
@@ -180,6 +190,7 @@ class _Swarm:
         self.online_thr = [0.0] * num_layers
         self.online_n = [0] * num_layers
         self.staying_n = [0] * num_layers
+        self.staying_thr = [0.0] * num_layers
         self.standby_n = [0] * num_layers
         self.standby_at = [0] * num_layers
         self.uncovered = num_layers
@@ -232,12 +243,39 @@ class _Swarm:
             self.gaps_opened += self.uncovered == 0
         self.uncovered -= sign
 
-    def stay(self, span: LayerRange | None, sign: int) -> None:
+    def stay(self, span: LayerRange | None, p: _Peer, sign: int) -> None:
         for layer in range(span.start, span.end) if span is not None else ():
-            self.staying_n[layer] += sign
+            n = self.staying_n[layer] + sign
+            self.staying_n[layer] = n
+            self.staying_thr[layer] = self.staying_thr[layer] + sign * p.thr if n else 0.0
+
+    def thin_limit(self) -> float:
+        """routing.thin_layers' limit: THIN_SHARE of the mean layer throughput balancing counts."""
+        return THIN_SHARE * sum(self.thr) / len(self.thr)
+
+    def thin(self, span: LayerRange | None = None) -> bool:
+        """Is some layer (of `span`) thin: its staying servers below thin_limit? Gaps count too."""
+        values = self.staying_thr if span is None else self.staying_thr[span.start : span.end]
+        return min(values) < self.thin_limit()
 
     def covered_without(self, p: _Peer) -> bool:
         return all(self.staying_n[layer] > 0 for layer in range(p.layers.start, p.layers.end))
+
+
+class _Guarded:
+    """Layers a standby serves or loads (routing.guarded_layers), read lazily from the standby counts."""
+
+    def __init__(self, standby_at: list[int]) -> None:
+        self.standby_at = standby_at
+
+    def __getitem__(self, layer: int) -> bool:
+        return self.standby_at[layer] > 0
+
+    def __iter__(self) -> Iterator[bool]:
+        return (n > 0 for n in self.standby_at)
+
+    def __len__(self) -> int:
+        return len(self.standby_at)
 
 
 class _MinusOne:
@@ -273,6 +311,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         p.k = min(p.k, num_layers)
     swarm = _Swarm(num_layers)
     counts = swarm.counted if cfg.redundancy_aware else None
+    guarded = _Guarded(swarm.standby_at) if cfg.standby_share > 0 and cfg.guard_discount else None
     peers: dict[str, _Peer] = {}
     expiring: dict[str, _Peer] = {}  # gone abruptly, record not yet expired
     events: list[tuple[float, int, str, str, int]] = []
@@ -383,7 +422,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
             bottleneck = bottleneck_layer(placed, num_layers) if placed else None
         thr, counted = _balance_arrays(swarm, p.k, cfg, counts)
-        p.layers = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck)
+        p.layers = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded)
         peers[p.peer_id] = p
         swarm.place(p, +1)
         add_standby(p, now, instant)
@@ -398,14 +437,14 @@ def simulate(cfg: SimConfig) -> SimResult:
     def go_online(p: _Peer) -> None:
         p.serving = p.layers
         swarm.serve(p.serving, p, +1)
-        swarm.stay(p.serving, +1)
+        swarm.stay(p.serving, p, +1)
 
     def leave(p: _Peer, now: float) -> None:
         """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S)."""
         if p.serving is not None:
             swarm.serve(p.serving, p, -1)
             if not p.draining:
-                swarm.stay(p.serving, -1)
+                swarm.stay(p.serving, p, -1)
         del peers[p.peer_id]
         sb = standbys.pop(p.peer_id, None)
         if sb is not None:  # a standby leaves with its host
@@ -429,13 +468,13 @@ def simulate(cfg: SimConfig) -> SimResult:
             if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
                 others[layer] = 0.0
         target = plan_move(others, _MinusOne(swarm.staying_n, p.layers), p.layers, p.thr, cfg.quality, counted,
-                           discount=cfg.sole_discount)
+                           discount=cfg.sole_discount, guarded=guarded)
         if target is None:
             return False
         # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
         # one range cannot keep the old one (a peer with room for both serves on, peer/server.py
         # migrate; plan_move lets nobody move whose layers would go dark either way).
-        swarm.stay(p.serving, -1)
+        swarm.stay(p.serving, p, -1)
         swarm.serve(p.serving, p, -1)
         p.serving = None
         swarm.place(p, -1)
@@ -444,9 +483,23 @@ def simulate(cfg: SimConfig) -> SimResult:
         push(now + delay + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
         return True
 
+    def urgent() -> bool:
+        """Does some layer have no staying server, or is it thin (routing.urgent_layers)?"""
+        return 0 in swarm.staying_n or (cfg.thin and swarm.thin())
+
     def maybe_react(now: float, delay: float) -> None:
-        if cfg.react and 0 in swarm.staying_n:
+        if cfg.react and urgent():
             push(now + delay + rng.uniform(0.0, WATCH_PERIOD_S * 1.25), "react")
+
+    def may_leave(p: _Peer, now: float) -> bool:
+        """peer/drain.py: covered, and not thin without it unless nobody loads there after THIN_GRACE_S."""
+        if not swarm.covered_without(p):
+            return False
+        if not cfg.thin or not swarm.thin(p.serving) or now >= p.drain_deadline:
+            return True
+        loading = any(q.loading and q.layers.start < p.serving.end and p.serving.start < q.layers.end
+                      for q in peers.values())
+        return not loading and now >= drain_started[p.peer_id] + THIN_GRACE_S
 
     # The optimum lies between this placement's max flow and the capacity bound (docs/balancing.md).
     ordered_vs_bound = ordered_placement([(p.k, p.k * p.thr) for p in initial], num_layers)[0] / (
@@ -462,7 +515,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         push(start, "measure")  # before the metric sample at the same time (pushed first)
     for t in range(0, int(end) + 1, int(METRIC_PERIOD_S)):
         push(float(t), "metric")
-    for t in range(0, int(end) + 1, int(ROUTE_PERIOD_S)):
+    for t in range(0, int(end) + 1, max(1, int(cfg.route_period_s))):
         push(float(t) + 0.5, "route")
 
     joins = departures = migrations = routes_failed = drains = drains_timed_out = warmup_moves = 0
@@ -516,11 +569,12 @@ def simulate(cfg: SimConfig) -> SimResult:
                 p.draining, p.drain_deadline = True, now + cfg.drain_max_s
                 drain_started[pid] = now
                 swarm.place(p, -1)  # leaves balancing at once: others see its layers thin
-                swarm.stay(p.serving, -1)
-                if swarm.covered_without(p):
+                swarm.stay(p.serving, p, -1)
+                if may_leave(p, now):
                     push(now, "drained", pid)
                 else:
                     push(p.drain_deadline, "drained", pid)
+                    push(now + THIN_GRACE_S, "drained", pid)
                     maybe_react(now, 0.0)
             else:
                 leave(p, now)
@@ -530,7 +584,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             maybe_react(now, 0.0)
             wake_standbys(now)
         elif kind == "drained" and p is not None and p.draining:
-            if now < p.drain_deadline and not swarm.covered_without(p):
+            if not may_leave(p, now):
                 continue
             drains_timed_out += now >= p.drain_deadline and not swarm.covered_without(p)
             drain_s.append(now - drain_started.pop(pid))
@@ -540,10 +594,10 @@ def simulate(cfg: SimConfig) -> SimResult:
             go_online(p)
             wake_standbys(now)
             for q in [q for q in peers.values() if q.draining]:  # few at a time
-                if swarm.covered_without(q):
+                if may_leave(q, now):
                     push(now, "drained", q.peer_id)
         elif kind == "react":
-            if 0 not in swarm.staying_n:
+            if not urgent():
                 continue
             candidates = [q for q in peers.values() if not q.loading and not q.draining]
             rng.shuffle(candidates)
@@ -552,8 +606,8 @@ def simulate(cfg: SimConfig) -> SimResult:
                 # so the fastest loaders claim the gap, several in parallel; the rest see it taken.
                 candidates.sort(key=lambda q: q.k)
             for q in candidates:
-                if 0 not in swarm.counted:
-                    break  # every gap has a server loading it
+                if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
+                    break  # every gap and thin layer has a server loading it
                 if try_move(q, now, REACT_DELAY_PER_LAYER_S * q.k if cfg.fast_fill else 0.0):
                     migrations += 1
                     wake_standbys(now)
@@ -566,6 +620,8 @@ def simulate(cfg: SimConfig) -> SimResult:
             if try_move(p, now):
                 migrations += 1
                 wake_standbys(now)
+                if cfg.thin:
+                    maybe_react(now, 0.0)  # its old layers may be thin while it loads: others see it
         elif kind == "standby_round":
             standby_round(now)
         elif kind == "standby_online":
@@ -774,6 +830,12 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="peers weigh every peer, not only those holding at least as many layers (the rule before)")
     ap.add_argument("--standby-share", type=float, default=0.0,
                     help="share of peers that also run a standby in host memory (swarm-peer serve --standby)")
+    ap.add_argument("--route-period", type=float, default=ROUTE_PERIOD_S,
+                    help="simulated seconds between route and max-flow samples (shorter: a steadier mean, slower)")
+    ap.add_argument("--no-guard-discount", action="store_true",
+                    help="discount sole-served layers even where a standby guards them (the rule before: GPU peers ignore standbys)")
+    ap.add_argument("--no-thin", action="store_true",
+                    help="peers decide at once only on gaps, not thin layers, and a drain leaves once covered (the rule before)")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
@@ -782,7 +844,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
-                    warmup_hours=a.warmup_hours, standby_share=a.standby_share)
+                    warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
+                    guard_discount=not a.no_guard_discount, route_period_s=a.route_period)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

@@ -26,8 +26,9 @@ logger = logging.getLogger(__name__)
 # together do not all re-read the swarm and move at the same moment (herding onto one gap).
 JITTER = 0.25
 # Between balance checks the view is re-read this often: a layer left without an ONLINE server
-# (its only server is draining, or vanished) is seen within seconds and decided on at once,
-# not at the next period. A draining peer waits for exactly this (peer/drain.py).
+# (its only server is draining, or vanished), or left thin (routing.thin_layers: a departure
+# halved it), is seen within seconds and decided on at once, not at the next period. A
+# draining peer waits for exactly this (peer/drain.py).
 WATCH_PERIOD_S = 5.0
 # On seeing such layers a peer waits this long per layer it holds, then decides on a fresh view.
 # Its load time grows with its layers (a move reloads them all), so the fastest loaders decide
@@ -104,8 +105,9 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
         if urgent and urgent != decided_on and placement.peer_id() in view.records:
             mine = placement.layers()
             delay = REACT_DELAY_PER_LAYER_S * (len(mine) if mine is not None else 1)
-            logger.info("layers %d-%d have no ONLINE server (a peer is draining or gone): deciding now "
-                        "(in %.1f s, after faster loaders)", urgent[0], urgent[-1], delay)
+            logger.info("%d layers between %d and %d have no ONLINE server or are thin (a peer is draining, "
+                        "gone or moving): deciding now (in %.1f s, after faster loaders)",
+                        len(urgent), urgent[0], urgent[-1], delay)
             await asyncio.sleep(delay)
             try:
                 return await placement.fetch_view()

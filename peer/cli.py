@@ -240,7 +240,7 @@ def serve(
     forward_priority: Annotated[int, typer.Option(help="Scheduling priority of stateless forward requests (scoring, verification); inference steps have 0 and lower runs first. Waiting work gains one level every 4 rounds it is passed over, so nothing starves.")] = 1,
     alloc_timeout: Annotated[float, typer.Option(help="Seconds a step waits for free KV pages before a 'busy' error.")] = 5.0,
     announce_ttl: Annotated[float, typer.Option(help="Seconds the DHT keeps our record without a refresh.")] = 30.0,
-    drain_timeout: Annotated[float, typer.Option(help="On the first Ctrl-C / SIGTERM, announce DRAINING and keep serving until other peers cover our layers, at most this many seconds (a second signal stops at once). 0: stop at once.")] = 120.0,
+    drain_timeout: Annotated[float, typer.Option(help="On the first Ctrl-C / SIGTERM, announce DRAINING and keep serving until other peers cover our layers (and, where our layers would be left thin, while a replacement loads there), at most this many seconds (a second signal stops at once). 0: stop at once.")] = 120.0,
     max_sessions: Annotated[int, typer.Option(help="Open sessions at most, all clients together.")] = 256,
     max_sessions_per_remote: Annotated[int, typer.Option(help="Open sessions at most per client peer.")] = 64,
     max_length: Annotated[int, typer.Option(help="Tokens at most per sequence of a session.")] = 8192,

@@ -2,7 +2,10 @@
 
 The peer keeps serving meanwhile (open sessions, and new ones where clients have no other
 choice: routing penalises DRAINING peers). It leaves when one of these holds:
-  * covered: every layer it serves has another ONLINE server (routing.covered_without);
+  * covered: every layer it serves has another ONLINE server (routing.covered_without), and
+    none of them would be thin without it (routing.thin_without: the swarm's throughput
+    would halve there), unless no replacement has been loading onto its layers
+    (routing.incoming) for THIN_GRACE_S;
   * nobody can take over: no JOINING peer, and no ONLINE peer that could move without
     uncovering its own layers (routing.possible_takers), for NO_TAKER_GRACE_S;
   * the bounded wait (`swarm-peer serve --drain-timeout`) ran out.
@@ -16,7 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from routing import covered_without, possible_takers
+from routing import covered_without, incoming, possible_takers, thin_without
 from swarm.types import SwarmView
 
 logger = logging.getLogger(__name__)
@@ -29,6 +32,11 @@ POLL_S = 1.0
 # other peers' reaction time (peer/balancer.py WATCH_PERIOD_S), short enough that stopping a
 # lone peer still feels immediate.
 NO_TAKER_GRACE_S = 3.0
+# Covered but thin: others see the layers thin at their next read of the view (peer/balancer.py
+# WATCH_PERIOD_S, 5 s +-25%) and the fastest loaders announce their move after 0.5 s per layer
+# they hold; 10 s covers peers of up to 8 layers, the ones that reload fastest. Staying while one
+# loads keeps the swarm's throughput up through the departure (docs/balancing.md).
+THIN_GRACE_S = 10.0
 
 
 async def wait_until_covered(
@@ -41,6 +49,8 @@ async def wait_until_covered(
     started = time.monotonic()
     deadline = started + timeout
     no_taker_since: float | None = None
+    nobody_loading_since = started
+    told_thin = False
     while True:
         now = time.monotonic()
         if now >= deadline:
@@ -52,8 +62,17 @@ async def wait_until_covered(
             view = None
         if view is not None:
             if covered_without(view, peer_id):
-                return "covered"
-            if possible_takers(view, peer_id):
+                if not thin_without(view, peer_id):
+                    return "covered"
+                if loading := incoming(view, peer_id):
+                    if not told_thin:
+                        logger.info("draining: our layers are covered but would be thin without us; staying while "
+                                    "%s load there", ", ".join(loading))
+                        told_thin = True
+                    nobody_loading_since = now
+                elif now - nobody_loading_since >= THIN_GRACE_S:
+                    return "covered"
+            elif possible_takers(view, peer_id):
                 no_taker_since = None
             elif no_taker_since is None:
                 no_taker_since = now

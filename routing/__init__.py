@@ -9,9 +9,10 @@ Only `swarm.types` is imported from the rest of the project.
 - bans.py    BanList: peers that failed recently, exponential backoff; its penalties()
              feed plan_route(banned=...).
 - balance.py layer_throughput, layer_counts, layer_servers, choose_layers (flow-aware), should_move,
-             urgent_layers, covered_without, possible_takers (array-level forms:
-             choose_window, plan_move): which layers a peer should serve (sole-served layers
-             discounted); when to decide at once; when a draining peer may leave;
+             urgent_layers, thin_layers, covered_without, thin_without, incoming,
+             possible_takers (array-level forms: choose_window, plan_move): which layers a
+             peer should serve (sole-served layers discounted unless a standby guards them);
+             when to decide at once (gaps, thin layers); when a draining peer may leave;
              standby_layers (standby_window): where a standby guards the layers one crash
              would leave dark.
 - spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
@@ -24,9 +25,11 @@ Only `swarm.types` is imported from the rest of the project.
 from routing.balance import (
     DEFAULT_QUALITY,
     SOLE_DISCOUNT,
+    THIN_SHARE,
     choose_layers,
     choose_window,
     covered_without,
+    incoming,
     layer_counts,
     layer_servers,
     layer_throughput,
@@ -36,6 +39,8 @@ from routing.balance import (
     standby_layers,
     standby_window,
     strengths,
+    thin_layers,
+    thin_without,
     urgent_layers,
 )
 from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
@@ -50,6 +55,7 @@ __all__ = [
     "BAN_FACTOR",
     "DEFAULT_QUALITY",
     "SOLE_DISCOUNT",
+    "THIN_SHARE",
     "BanList",
     "NoRouteError",
     "RouteCosts",
@@ -59,6 +65,7 @@ __all__ = [
     "covered_without",
     "capacity_bound",
     "hop_cost",
+    "incoming",
     "layer_counts",
     "layer_servers",
     "layer_throughput",
@@ -72,5 +79,7 @@ __all__ = [
     "standby_layers",
     "standby_window",
     "strengths",
+    "thin_layers",
+    "thin_without",
     "urgent_layers",
 ]

@@ -27,10 +27,18 @@ state, paired, three seeds): max flow 34-44% -> 36-62% of the capacity bound at 
 Redundancy counts too: given per-layer server counts, a layer with a single server counts
 at SOLE_DISCOUNT of its throughput (its *strength*). Such a layer is one abrupt departure
 from a gap that lasts a whole weight load, while a second server turns that departure into
-a repair with no gap; so a second server is worth more there than speed alone says.
+a repair with no gap; so a second server is worth more there than speed alone says. Unless
+a standby guards the layer (guarded_layers): then a crash leaves it slow, not dark, and the
+redundancy is already there, so it counts at its full throughput.
 
-Standbys (record `standby`: a slow safety net, usually a CPU) count nowhere in the above: they
-are no capacity, and no server a move or drain may count on. standby_layers places them on the
+Thin layers: a departure rarely opens a gap but often halves a layer's throughput, and the
+swarm's max flow with it, until someone reloads there. A layer whose staying servers carry
+less than THIN_SHARE of the mean layer throughput is urgent like a gap (urgent_layers): peers
+decide at once instead of at their next balance period, and a draining peer stays while a
+replacement loads (thin_without, incoming).
+
+Standbys (record `standby`: a slow safety net, usually a CPU) count in the above only as guards
+(guarded_layers): they are no capacity, and no server a move or drain may count on. standby_layers places them on the
 layers one abrupt departure would leave dark (exposed), minding machines that fail together.
 
 The array-level functions (choose_window, plan_move, standby_window) take per-layer lists so a
@@ -56,6 +64,13 @@ DEFAULT_QUALITY = 0.75
 # Measured in the simulator (docs/balancing.md, 500 peers at 2x): coverage 94.5% -> 98.6% for
 # max flow 58% -> 43% of the bound; a strict "two servers first" order got 99.7% at 20%.
 SOLE_DISCOUNT = 0.5
+# A layer whose staying ONLINE throughput is below this share of the mean layer throughput is
+# thin (thin_layers). The mean is the capacity bound: what every layer carries when the swarm
+# is perfectly even. 1/2: a two-deep layer losing one of two equal servers falls to about half,
+# which is what a departure does, while a settled swarm keeps most layers above it. Measured in
+# the simulator (docs/balancing.md, 200 peers, 2x): 0.6 gave the same max flow at 1.1 moves per
+# peer-hour on one seed (the budget is 1), 0.5 at 0.6-0.8.
+THIN_SHARE = 0.5
 
 _COUNTED = (PeerState.ONLINE, PeerState.JOINING)
 # standby_window: a layer nobody serves (a crash already happened, or a draining sole server)
@@ -93,6 +108,33 @@ def layer_servers(view: SwarmView, *, without: str | None = None) -> list[int]:
     return out
 
 
+def staying_throughput(view: SwarmView, *, without: str | None = None) -> list[float]:
+    """Per-layer throughput of the servers layer_servers counts (ONLINE, on the layers they keep)."""
+    out = [0.0] * view.num_layers
+    for r in _sorted_records(view):
+        span = _staying_layers(r)
+        if span is not None and r.peer_id != without:
+            for layer in range(span.start, min(span.end, view.num_layers)):
+                out[layer] += r.throughput
+    return out
+
+
+def guarded_layers(view: SwarmView) -> list[bool]:
+    """Layers a standby serves or is loading (ONLINE or JOINING, a mover at its target): a crash of
+    their sole server leaves them slow, not dark, so they need no SOLE_DISCOUNT. A loading standby
+    counts already, like a loading GPU peer in layer_counts: counted only once ONLINE, guards flip
+    at every standby move and the GPU peers follow (measured: more moves, less flow,
+    docs/balancing.md). (Machines aside: a standby keeps off its own machine's layers when it
+    chooses, standby_layers.)"""
+    out = [False] * view.num_layers
+    for r in view.records.values():
+        span = r.moving_to or r.layers
+        if r.standby and r.state in _COUNTED:
+            for layer in range(span.start, min(span.end, view.num_layers)):
+                out[layer] = True
+    return out
+
+
 def layer_counts(view: SwarmView, *, without: str | None = None) -> list[int]:
     """Per-layer count of ONLINE and JOINING peers, movers at their target (the servers
     balancing counts on)."""
@@ -126,7 +168,7 @@ def _staying_layers(r: PeerRecord) -> LayerRange | None:
 
 def choose_window(
     throughput: Sequence[float], num_layers: int, servers: Sequence[int] | None = None,
-    discount: float = SOLE_DISCOUNT, bottleneck: int | None = None,
+    discount: float = SOLE_DISCOUNT, bottleneck: int | None = None, guarded: Sequence[bool] | None = None,
 ) -> LayerRange:
     """The window of `num_layers` consecutive layers that most needs another server.
 
@@ -134,13 +176,13 @@ def choose_window(
     throughput <= 0; a layer only another tier holds is not uncovered); lowest minimum
     throughput inside (the window holds the bottleneck); lowest total throughput inside;
     lowest start. With `servers` (per-layer counts) the ranking uses strengths (strengths(),
-    a sole-served layer at `discount`) instead of throughput. With `bottleneck` (a layer, see
-    routing.flow.bottleneck_layer), no gap, and no layer with one server in the weakest
-    window: the window holding that layer with the lowest total. Runs in O(layers) with
-    C-speed builtins on the common path.
+    a sole-served layer at `discount` unless `guarded`) instead of throughput. With `bottleneck`
+    (a layer, see routing.flow.bottleneck_layer), no gap, and no unguarded layer with one server
+    in the weakest window: the window holding that layer with the lowest total. Runs in
+    O(layers) with C-speed builtins on the common path.
     """
     if servers is not None:
-        throughput = strengths(throughput, servers, discount)
+        throughput = strengths(throughput, servers, discount, guarded)
     total = len(throughput)
     if total == 0:
         raise ValueError("cannot choose layers of a model with 0 layers")
@@ -159,7 +201,8 @@ def choose_window(
     weakest = _weakest_window(throughput, k, lowest)
     if bottleneck is None or not 0 <= bottleneck < total:
         return weakest
-    if servers is not None and 1 in servers[weakest.start : weakest.end]:
+    if servers is not None and any(servers[i] == 1 and not (guarded and guarded[i])
+                                   for i in range(weakest.start, weakest.end)):
         return weakest  # a layer one departure from a gap comes first
     # Flow-aware: among the windows holding the max flow's bottleneck (routing.flow), the one
     # with the lowest total strength; capacity anywhere else would not raise the flow.
@@ -189,6 +232,7 @@ def plan_move(
     quality: float = DEFAULT_QUALITY,
     others_counted: Sequence[int] | None = None,
     discount: float = SOLE_DISCOUNT,
+    guarded: Sequence[bool] | None = None,
 ) -> LayerRange | None:
     """Where a peer now serving `current` should move, or None to stay.
 
@@ -208,14 +252,14 @@ def plan_move(
     cannot cycle.
 
     With `others_counted` (per-layer ONLINE + JOINING counts without this peer) every
-    throughput above is a layer's strength (strengths()): the candidate is
-    choose_window(others, k, others_counted) and the test compares the weakest touched
-    strengths. A layer's strength depends on that layer alone, so the same argument holds:
+    throughput above is a layer's strength (strengths(), `guarded` layers undiscounted): the
+    candidate is choose_window(others, k, others_counted) and the test compares the weakest
+    touched strengths. A layer's strength depends on that layer alone, so the same argument holds:
     the sorted strength vector strictly improves, no cycles.
     """
     if not 0 < quality <= 1:
         raise ValueError(f"quality must be in (0, 1], got {quality}")
-    target = choose_window(others, len(current), others_counted, discount)
+    target = choose_window(others, len(current), others_counted, discount, guarded=guarded)
     if target == current:
         return None
     for layer in range(current.start, current.end):
@@ -228,31 +272,72 @@ def plan_move(
         before = min(others[layer] + (my_throughput if layer in mine else 0.0) for layer in touched)
         after = min(others[layer] + (my_throughput if layer in theirs else 0.0) for layer in touched)
         return target if before < quality * after else None
-    weakest_now = min(_strength(others, others_counted, layer, layer in mine, my_throughput, discount)
+    weakest_now = min(_strength(others, others_counted, layer, layer in mine, my_throughput, discount, guarded)
                       for layer in touched)
-    weakest_then = min(_strength(others, others_counted, layer, layer in theirs, my_throughput, discount)
+    weakest_then = min(_strength(others, others_counted, layer, layer in theirs, my_throughput, discount, guarded)
                        for layer in touched)
     return target if weakest_now < quality * weakest_then else None
 
 
-def strengths(throughput: Sequence[float], servers: Sequence[int], discount: float = SOLE_DISCOUNT) -> list[float]:
-    """Per-layer throughput, a sole-served layer's at `discount` of it (0 stays 0)."""
-    return [t * discount if n == 1 else t for t, n in zip(throughput, servers)]
+def strengths(throughput: Sequence[float], servers: Sequence[int], discount: float = SOLE_DISCOUNT,
+              guarded: Sequence[bool] | None = None) -> list[float]:
+    """Per-layer throughput, a sole-served layer's at `discount` of it unless `guarded` (0 stays 0)."""
+    if guarded is None:
+        return [t * discount if n == 1 else t for t, n in zip(throughput, servers)]
+    return [t * discount if n == 1 and not g else t for t, n, g in zip(throughput, servers, guarded)]
 
 
 def _strength(others: Sequence[float], counted: Sequence[int], layer: int, mine: bool, thr: float,
-              discount: float) -> float:
+              discount: float, guarded: Sequence[bool] | None) -> float:
     value = others[layer] + (thr if mine else 0.0)
-    return value * discount if counted[layer] + mine == 1 else value
+    return value * discount if counted[layer] + mine == 1 and not (guarded and guarded[layer]) else value
 
 
 def urgent_layers(view: SwarmView) -> list[int]:
-    """Layers that no ONLINE peer serves: uncovered, or served only by DRAINING peers.
+    """Layers that no ONLINE peer serves (uncovered, or served only by DRAINING peers) or that
+    are thin (thin_layers).
 
-    A peer that sees any should decide at once instead of at its next balance period: a
-    draining peer waits for a replacement, and a gap stops every client.
+    A peer that sees new ones should decide at once instead of at its next balance period: a
+    draining peer waits for a replacement, a gap stops every client, and a thin layer caps the
+    whole swarm's throughput until someone reloads there.
     """
-    return [layer for layer, n in enumerate(layer_servers(view)) if n == 0]
+    servers = layer_servers(view)
+    thin = set(thin_layers(view))
+    return [layer for layer, n in enumerate(servers) if n == 0 or layer in thin]
+
+
+def thin_layers(view: SwarmView, *, without: str | None = None) -> list[int]:
+    """Layers whose staying ONLINE servers (optionally without peer `without`) carry less than
+    THIN_SHARE of the mean layer throughput of the peers balancing counts (the capacity bound)."""
+    counted = layer_throughput(view, without=without)
+    if not counted:
+        return []
+    limit = THIN_SHARE * sum(counted) / len(counted)
+    return [layer for layer, t in enumerate(staying_throughput(view, without=without)) if t < limit]
+
+
+def thin_without(view: SwarmView, me: str) -> bool:
+    """Would one of peer `me`'s layers be thin if it left now? A draining peer then waits for a
+    replacement that is loading there (incoming), within its bounded wait."""
+    record = view.records.get(me)
+    if record is None:
+        return False
+    thin = set(thin_layers(view, without=me))
+    return any(layer in thin for layer in range(record.layers.start, min(record.layers.end, view.num_layers)))
+
+
+def incoming(view: SwarmView, me: str) -> list[str]:
+    """Peers loading onto peer `me`'s layers: JOINING ones, or moving ones whose target overlaps them."""
+    record = view.records.get(me)
+    if record is None:
+        return []
+    out = []
+    for r in _sorted_records(view):
+        target = r.moving_to if r.moving_to is not None else r.layers if r.state is PeerState.JOINING else None
+        if (r.peer_id != me and not r.standby and target is not None
+                and target.start < record.layers.end and record.layers.start < target.end):
+            out.append(r.peer_id)
+    return out
 
 
 def covered_without(view: SwarmView, me: str, layers: LayerRange | None = None) -> bool:
@@ -379,7 +464,7 @@ def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:
                  if (span := _balanced_layers(r)) is not None and span.start < view.num_layers]
     bottleneck = bottleneck_layer(placement, view.num_layers) if placement else None
     return choose_window(layer_throughput(view, min_layers=num_layers), num_layers, layer_counts(view),
-                         bottleneck=bottleneck)
+                         bottleneck=bottleneck, guarded=guarded_layers(view))
 
 
 def should_move(
@@ -407,6 +492,7 @@ def should_move(
         record.throughput if my_throughput is None else my_throughput,
         quality,
         layer_counts(view, without=me),
+        guarded=guarded_layers(view),
     )
 
 

@@ -41,6 +41,21 @@ async def test_leaves_soon_when_nobody_can_take_over(monkeypatch) -> None:
     assert calls["n"] >= 2  # "nobody" had to hold for the grace period, not one read
 
 
+async def test_covered_but_thin_waits_while_a_replacement_loads(monkeypatch) -> None:
+    monkeypatch.setattr(drain, "THIN_GRACE_S", 0.05)
+    # 4:8 keeps a slow server (1 of a mean 5.5 tokens/s without me: thin) while j loads there.
+    thin = [rec("a", "0:4", 10.0), rec("slow", "4:8", 1.0), rec("me", "4:8", 10.0, state=D)]
+    loading = view(8, *thin, rec("j", "4:8", 10.0, state=PeerState.JOINING))
+    loaded = view(8, *thin, rec("j", "4:8", 10.0))
+    fetch, calls = views_in_order(loading, loading, loading, loading, loading, loading, loaded)
+    assert await drain.wait_until_covered(fetch, "me", timeout=10, poll=0.02) == "covered"
+    assert calls["n"] == 7  # stayed through every read that showed j loading, longer than the grace
+    # Nobody loading: it stays the grace period, then leaves (a thin layer beats holding up a departure).
+    fetch, calls = views_in_order(view(8, *thin))
+    assert await drain.wait_until_covered(fetch, "me", timeout=10, poll=0.01) == "covered"
+    assert calls["n"] >= 3
+
+
 async def test_bounded_wait_runs_out() -> None:
     stuck = view(8, rec("a", "0:4"), rec("b", "0:4"), rec("me", "4:8", state=D))  # b could come, never does
     fetch, _ = views_in_order(stuck)

@@ -13,6 +13,7 @@ from routing import (
     choose_layers,
     choose_window,
     covered_without,
+    incoming,
     layer_counts,
     layer_servers,
     layer_throughput,
@@ -23,8 +24,11 @@ from routing import (
     standby_layers,
     standby_window,
     strengths,
+    thin_layers,
+    thin_without,
     urgent_layers,
 )
+from routing.balance import guarded_layers
 from routing.flow import bottleneck_layer, max_flow_throughput, peer_capacities
 from swarm.types import LayerRange, PeerRecord, PeerState
 from tests.routing_helpers import rec, view
@@ -249,6 +253,39 @@ def test_a_sole_served_layer_counts_at_half_its_throughput() -> None:
     assert should_move(v, "b") == LayerRange(4, 8)
 
 
+def test_a_sole_served_layer_a_standby_guards_counts_in_full() -> None:
+    # As above, but a standby guards 4:8: its sole server's crash would leave it slow, not dark.
+    standby = replace(rec("s", "4:8", 0.5), standby=True)
+    v = view(8, rec("a", "0:4", 10.0), rec("b", "0:4", 10.0), rec("fast", "4:8", 30.0), standby)
+    assert guarded_layers(v) == [False] * 4 + [True] * 4
+    guarded = guarded_layers(v)
+    assert strengths(layer_throughput(v), layer_counts(v), guarded=guarded) == [20.0] * 4 + [30.0] * 4
+    assert choose_window(layer_throughput(v), 4, layer_counts(v), guarded=guarded) == LayerRange(0, 4)
+    assert choose_layers(v, 4) == LayerRange(0, 4)  # unguarded, 4:8 (strength 15) would win
+    # A loading standby guards its target already (as balancing counts loading peers), a moving one
+    # its target; an OFFLINE one nothing.
+    assert guarded_layers(view(8, replace(rec("s", "0:2", state=J), standby=True))) == [True] * 2 + [False] * 6
+    assert guarded_layers(view(8, replace(rec("s", "0:2", state=OFF), standby=True))) == [False] * 8
+    moving = replace(rec("s", "0:4"), standby=True, moving_to=LayerRange(2, 6))
+    assert guarded_layers(view(8, moving)) == [False] * 2 + [True] * 4 + [False] * 2
+
+
+def test_thin_layers_are_urgent_and_hold_a_drain_while_a_replacement_loads() -> None:
+    D = PeerState.DRAINING
+    # Mean layer throughput of the counted peers 6.5: 4:8 with its slow server alone is thin.
+    v = view(8, rec("a", "0:4", 12.0), rec("slow", "4:8", 1.0), rec("me", "4:8", 10.0))
+    assert thin_layers(v) == [] and urgent_layers(v) == []
+    assert thin_layers(v, without="me") == [4, 5, 6, 7] and thin_without(v, "me")
+    assert not thin_without(v, "slow") and not thin_without(v, "ghost")  # me alone carries 4:8 well
+    draining = view(8, rec("a", "0:4", 12.0), rec("slow", "4:8", 1.0), rec("me", "4:8", 10.0, state=D))
+    assert urgent_layers(draining) == [4, 5, 6, 7]  # covered, but thin: others decide at once
+    assert should_move(draining, "a") is None  # 0:4 has no other server: a stays all the same
+    # Who is loading there: a JOINING peer on it, a mover whose target overlaps; not one elsewhere.
+    loading = view(8, rec("me", "4:8", state=D), rec("j", "6:8", state=J), rec("k", "0:2", state=J),
+                   replace(rec("m", "0:2"), moving_to=LayerRange(3, 5)), replace(rec("s", "4:8", state=J), standby=True))
+    assert incoming(loading, "me") == ["j", "m"] and incoming(loading, "ghost") == []
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from([0.0, 1.0, 2.0, 3.5, 8.0]), st.integers(0, 3)), min_size=2, max_size=12),
@@ -309,7 +346,8 @@ def test_a_moving_peer_counts_at_its_target_but_serves_its_old_layers() -> None:
     assert layer_counts(v) == [1] * 8
     assert layer_servers(v) == [1, 1, 1, 1, 0, 0, 1, 1]  # a staying server only of 2:4, the layers it keeps
     assert v.uncovered_layers() == [4, 5]  # it covers 0:4 now; 4:6 only once loaded
-    assert urgent_layers(v) == [4, 5]
+    # 4:6 has no server yet; 0:2 and 6:8 are thin (1 tokens/s, under THIN_SHARE of the mean 3).
+    assert thin_layers(v) == [0, 1, 4, 5, 6, 7] and urgent_layers(v) == [0, 1, 4, 5, 6, 7]
     assert mover.last_resort and not rec("a", "0:2").last_resort
     assert PeerRecord.from_dict(mover.to_dict()) == mover  # survives the wire
     assert "moving_to" not in rec("a", "0:2").to_dict()  # absent unless moving, as older peers write
