@@ -5,8 +5,8 @@
 Builds a SwarmView of `peers` peers drawn from the simulator's GPU classes, placed one after
 another where the swarm is weakest, on an 80-layer model and on a model sized for 2x redundancy,
 then times (median CPU time of `repeat` calls) what a peer and a client compute from the DHT view:
-choose_layers (join), should_move (balance check), standby_layers (a standby's check, with
-every peer on its own machine), choose_route on an idle and a busy swarm, and the exact max
+choose_layers (join), should_move (balance check), urgent_layers (the watch every 5 s: gaps
+and thin layers), standby_layers (a standby's check, with every peer on its own machine), choose_route on an idle and a busy swarm, and the exact max
 flow (routing.flow; only the simulator and benchmarks need it).
 """
 
@@ -28,6 +28,7 @@ from routing import (
     max_flow_throughput,
     should_move,
     standby_layers,
+    urgent_layers,
 )
 from swarm.types import PeerRecord, PeerState, SwarmView
 
@@ -80,12 +81,13 @@ def main(argv: list[str] | None = None) -> dict:
             "layers": view.num_layers,
             "choose_layers_ms": median_ms(lambda v=view: choose_layers(v, 8), a.repeat),
             "should_move_ms": median_ms(lambda v=view, me=me: should_move(v, me), a.repeat),
+            "urgent_layers_ms": median_ms(lambda v=view: urgent_layers(v), a.repeat),
             "standby_layers_ms": median_ms(lambda v=view, m=machines: standby_layers(v, "standby", 8, m), a.repeat),
             "choose_route_idle_ms": median_ms(lambda v=view, rng=rng: choose_route(v, rng), a.repeat),
             "choose_route_busy_ms": median_ms(lambda v=busy, rng=rng: choose_route(v, rng), a.repeat),
             "max_flow_ms": median_ms(lambda v=view: max_flow_throughput(v), 1),
         }
-    header = ["view", "layers", "choose_layers", "should_move", "standby_layers", "choose_route idle", "choose_route busy", "max flow"]
+    header = ["view", "layers", "choose_layers", "should_move", "urgent_layers", "standby_layers", "choose_route idle", "choose_route busy", "max flow"]
     print(" | ".join(header))
     for label, r in rows.items():
         print(" | ".join([label, str(r["layers"])] + [f"{r[k]:.1f} ms" for k in list(r)[1:]]))

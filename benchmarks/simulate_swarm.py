@@ -524,7 +524,8 @@ def simulate(cfg: SimConfig) -> SimResult:
     last = 0.0
     wake_standbys(0.0)  # the initial standbys placed themselves one by one while the peers joined
     series: dict[str, list[float]] = {"t_h": [], "ratio": [], "uncovered_layers": [], "migrations": [],
-                                      "sole_layers": [], "memory_ratio": []}
+                                      "sole_layers": [], "memory_ratio": [],
+                                      "flow_t_h": [], "flow": []}  # max flow / bound at each route sample
     ratios: list[float] = []
     route_costs: list[float] = []
     route_hops: list[int] = []
@@ -661,6 +662,8 @@ def simulate(cfg: SimConfig) -> SimResult:
             flow, spread, spread_load = _flows(serving, num_layers)
             bound = sum(q.thr * q.k for q in peers.values()) / num_layers
             flow_ratios.append(flow / bound)
+            series["flow_t_h"].append(now / per_hour)
+            series["flow"].append(round(flow / bound, 4))
             spread_ratios.append(spread / bound)
             load_spreads.append(spread_load)
 

@@ -51,6 +51,7 @@ async def wait_until_covered(
     no_taker_since: float | None = None
     nobody_loading_since = started
     told_thin = False
+    told_loading: list[str] = []
     while True:
         now = time.monotonic()
         if now >= deadline:
@@ -65,13 +66,16 @@ async def wait_until_covered(
                 if not thin_without(view, peer_id):
                     return "covered"
                 if loading := incoming(view, peer_id):
-                    if not told_thin:
-                        logger.info("draining: our layers are covered but would be thin without us; staying while "
-                                    "%s load there", ", ".join(loading))
-                        told_thin = True
+                    if loading != told_loading:
+                        logger.info("draining: staying while %s load our layers", ", ".join(loading))
+                        told_loading = loading
                     nobody_loading_since = now
                 elif now - nobody_loading_since >= THIN_GRACE_S:
                     return "covered"
+                elif not told_thin:
+                    logger.info("draining: our layers are covered but would be thin without us; waiting up to "
+                                "%.0f s for a peer to start loading there", THIN_GRACE_S)
+                    told_thin = True
             elif possible_takers(view, peer_id):
                 no_taker_since = None
             elif no_taker_since is None:
