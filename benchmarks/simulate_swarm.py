@@ -495,7 +495,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         """peer/drain.py: covered, and not thin without it unless nobody loads there after THIN_GRACE_S."""
         if not swarm.covered_without(p):
             return False
-        if not cfg.thin or not swarm.thin(p.serving) or now >= p.drain_deadline:
+        if not cfg.thin or not swarm.thin(p.serving):
             return True
         loading = any(q.loading and q.layers.start < p.serving.end and p.serving.start < q.layers.end
                       for q in peers.values())
@@ -585,7 +585,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             maybe_react(now, 0.0)
             wake_standbys(now)
         elif kind == "drained" and p is not None and p.draining:
-            if not may_leave(p, now):
+            if now < p.drain_deadline and not may_leave(p, now):
                 continue
             drains_timed_out += now >= p.drain_deadline and not swarm.covered_without(p)
             drain_s.append(now - drain_started.pop(pid))
