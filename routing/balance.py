@@ -38,8 +38,9 @@ decide at once instead of at their next balance period, and a draining peer stay
 replacement loads (thin_without, incoming).
 
 Standbys (record `standby`: a slow safety net, usually a CPU) count in the above only as guards
-(guarded_layers): they are no capacity, and no server a move or drain may count on. standby_layers places them on the
-layers one abrupt departure would leave dark (exposed), minding machines that fail together.
+(guarded_layers): they are no capacity, and no server a move or drain may count on.
+standby_layers places them on the layers one abrupt departure would leave dark (exposed),
+minding machines that fail together.
 
 The array-level functions (choose_window, plan_move, standby_window) take per-layer lists so a
 simulator can keep them incrementally; choose_layers / should_move / standby_layers are the
