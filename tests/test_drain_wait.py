@@ -43,7 +43,7 @@ async def test_leaves_soon_when_nobody_can_take_over(monkeypatch) -> None:
 
 async def test_covered_but_thin_waits_while_a_replacement_loads(monkeypatch) -> None:
     monkeypatch.setattr(drain, "THIN_GRACE_S", 0.05)
-    # 4:8 keeps a slow server (1 of a mean 5.5 tokens/s without me: thin) while j loads there.
+    # 4:8 keeps only a slow server (1 tokens/s, under half the mean layer throughput: thin) while j loads there.
     thin = [rec("a", "0:4", 10.0), rec("slow", "4:8", 1.0), rec("me", "4:8", 10.0, state=D)]
     loading = view(8, *thin, rec("j", "4:8", 10.0, state=PeerState.JOINING))
     loaded = view(8, *thin, rec("j", "4:8", 10.0))
