@@ -71,9 +71,9 @@ from routing import (
     route_cost,
     standby_window,
 )
-from routing.balance import STANDBY_MARGIN, exposure
 from routing.flow import bottleneck_layer, max_flow_of
 from routing.spread import flow_weights
+from routing.standby import STANDBY_MARGIN, exposure
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
 # GPU classes (layers held, median tokens/s through them, share of peers): a mix of

@@ -12,9 +12,9 @@ Only `swarm.types` is imported from the rest of the project.
              urgent_layers, thin_layers, covered_without, thin_without, incoming,
              possible_takers (array-level forms: choose_window, plan_move): which layers a
              peer should serve (sole-served layers discounted unless a standby guards them);
-             when to decide at once (gaps, thin layers); when a draining peer may leave;
-             standby_layers (standby_window): where a standby guards the layers one crash
-             would leave dark.
+             when to decide at once (gaps, thin layers); when a draining peer may leave.
+- standby.py standby_layers (standby_window, exposure): where a standby guards the layers one
+             crash would leave dark.
 - spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
              parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
@@ -36,8 +36,6 @@ from routing.balance import (
     plan_move,
     possible_takers,
     should_move,
-    standby_layers,
-    standby_window,
     strengths,
     thin_layers,
     thin_without,
@@ -48,6 +46,7 @@ from routing.costs import RouteCosts, hop_cost
 from routing.flow import capacity_bound, max_flow_throughput
 from routing.route import NoRouteError, plan_route, route_cost
 from routing.spread import choose_route, sample_route
+from routing.standby import standby_layers, standby_window
 
 __all__ = [
     "BAN_BASE_S",
