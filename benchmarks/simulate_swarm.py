@@ -30,8 +30,9 @@ sole server, or a gap whose record expired. Peers wait REACT_DELAY_PER_LAYER_S p
 hold first, so the fastest loaders move first, in parallel while gaps are left; a moving peer
 counts at its target at once (its record), so the others see the layers taken. Thin layers
 (routing.thin_layers: staying servers below THIN_SHARE of the mean layer throughput) wake them
-the same way, and a draining peer whose layers would be thin without it stays while a peer
-loads there (peer/drain.py; --no-thin: gaps alone, and drains leave once covered).
+the same way, a draining peer whose layers would be thin without it stays while a peer
+loads there (peer/drain.py), and no peer moves away from layers it would leave thin
+(routing.plan_move; --no-thin: gaps alone, drains leave once covered, moves only keep them covered).
 
 The model has num_layers = sum(k) / redundancy layers, so `redundancy` is how many times
 the swarm's memory could hold the model.
@@ -118,7 +119,7 @@ class SimConfig:
     tiered: bool = True  # a peer weighs only peers holding at least as many layers (routing.balance)
     warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
     standby_share: float = 0.0  # share of peers also running a standby in host memory (swarm-peer serve --standby)
-    thin: bool = True  # thin layers wake peers and hold drains (routing.thin_layers); False: gaps alone
+    thin: bool = True  # thin layers wake peers, hold drains and moves (routing.thin_layers); False: gaps alone
     guard_discount: bool = True  # no SOLE_DISCOUNT on layers a standby holds (routing.guarded_layers)
     route_period_s: float = ROUTE_PERIOD_S  # seconds between route and max-flow samples
 
@@ -278,14 +279,15 @@ class _Guarded:
         return len(self.standby_at)
 
 
-class _MinusOne:
-    """online counts without the asking peer, read lazily (plan_move reads only its layers)."""
+class _Without:
+    """Per-layer staying counts or throughput without the asking peer (its `share` on its layers),
+    read lazily: plan_move reads only that peer's layers."""
 
-    def __init__(self, counts: list[int], mine: LayerRange) -> None:
-        self.counts, self.mine = counts, mine
+    def __init__(self, values: list[int] | list[float], mine: LayerRange, share: float) -> None:
+        self.values, self.mine, self.share = values, mine, share
 
-    def __getitem__(self, layer: int) -> int:
-        return self.counts[layer] - (layer in self.mine)
+    def __getitem__(self, layer: int) -> float:
+        return self.values[layer] - (self.share if layer in self.mine else 0)
 
 
 def simulate(cfg: SimConfig) -> SimResult:
@@ -467,8 +469,10 @@ def simulate(cfg: SimConfig) -> SimResult:
                 counted[layer] -= 1
             if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
                 others[layer] = 0.0
-        target = plan_move(others, _MinusOne(swarm.staying_n, p.layers), p.layers, p.thr, cfg.quality, counted,
-                           discount=cfg.sole_discount, guarded=guarded)
+        target = plan_move(others, _Without(swarm.staying_n, p.layers, 1), p.layers, p.thr, cfg.quality, counted,
+                           discount=cfg.sole_discount, guarded=guarded,
+                           others_staying=_Without(swarm.staying_thr, p.layers, p.thr) if cfg.thin else None,
+                           thin_limit=swarm.thin_limit())
         if target is None:
             return False
         # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
@@ -650,6 +654,16 @@ def simulate(cfg: SimConfig) -> SimResult:
                 for q in serving
             }
             view = SwarmView("sim", num_layers, records, {q: peers[q].rtt for q in records})
+            # While only standbys (or nobody) serve some layer the GPU peers' max flow is 0, and so is
+            # the sample: skipping it, as before 2026-11-30, reported the swarm's good moments only.
+            flow, spread, spread_load = _flows(serving, num_layers) if not swarm.gpu_uncovered else (0.0, 0.0, 0.0)
+            bound = sum(q.thr * q.k for q in peers.values()) / num_layers
+            flow_ratios.append(flow / bound)
+            series["flow_t_h"].append(now / per_hour)
+            series["flow"].append(round(flow / bound, 4))
+            spread_ratios.append(spread / bound)
+            if not swarm.gpu_uncovered:
+                load_spreads.append(spread_load)
             t0 = time.perf_counter()
             try:
                 route = plan_route(view)
@@ -659,13 +673,6 @@ def simulate(cfg: SimConfig) -> SimResult:
             plan_ms.append((time.perf_counter() - t0) * 1e3)
             route_costs.append(route_cost(view, route))
             route_hops.append(len(route))
-            flow, spread, spread_load = _flows(serving, num_layers)
-            bound = sum(q.thr * q.k for q in peers.values()) / num_layers
-            flow_ratios.append(flow / bound)
-            series["flow_t_h"].append(now / per_hour)
-            series["flow"].append(round(flow / bound, 4))
-            spread_ratios.append(spread / bound)
-            load_spreads.append(spread_load)
 
     measured = end - start
     hours = measured / per_hour
@@ -838,7 +845,7 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--no-guard-discount", action="store_true",
                     help="discount sole-served layers even where a standby guards them (the rule before: GPU peers ignore standbys)")
     ap.add_argument("--no-thin", action="store_true",
-                    help="peers decide at once only on gaps, not thin layers, and a drain leaves once covered (the rule before)")
+                    help="peers decide at once only on gaps, not thin layers, a drain leaves once covered, and a move may leave its layers thin (the rule before)")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")

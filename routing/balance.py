@@ -34,8 +34,9 @@ redundancy is already there, so it counts at its full throughput.
 Thin layers: a departure rarely opens a gap but often halves a layer's throughput, and the
 swarm's max flow with it, until someone reloads there. A layer whose staying servers carry
 less than THIN_SHARE of the mean layer throughput is urgent like a gap (urgent_layers): peers
-decide at once instead of at their next balance period, and a draining peer stays while a
-replacement loads (thin_without, incoming).
+decide at once instead of at their next balance period, a draining peer stays while a
+replacement loads (thin_without, incoming), and a peer does not move away from layers it would
+leave thin (should_move): its reload would dip them as a departure does.
 
 Standbys (record `standby`: a slow safety net, usually a CPU) count in the above only as guards
 (guarded_layers): they are no capacity, and no server a move or drain may count on.
@@ -229,6 +230,8 @@ def plan_move(
     others_counted: Sequence[int] | None = None,
     discount: float = SOLE_DISCOUNT,
     guarded: Sequence[bool] | None = None,
+    others_staying: Sequence[float] | None = None,
+    thin_limit: float = 0.0,
 ) -> LayerRange | None:
     """Where a peer now serving `current` should move, or None to stay.
 
@@ -240,7 +243,10 @@ def plan_move(
       * every layer it serves now has another ONLINE server (one that is not moving away):
         a peer whose memory holds only its own range stops serving to load the new one
         (a peer with room for both keeps serving, peer/server.py migrate, but none counts
-        on it), so even a layer it keeps would go dark for the load; and
+        on it), so even a layer it keeps would go dark for the load;
+      * with `others_staying` (per-layer throughput of those other staying servers), none of
+        those layers falls below `thin_limit` without it (thin_layers): the move would open on
+        its old layers the dip it means to close elsewhere, for a whole reload; and
       * local bottleneck now < quality * local bottleneck after the move
         (i.e. it grows by more than 1/quality).
     The swarm's global bottleneck therefore never drops, and rises when it lies in the
@@ -261,6 +267,8 @@ def plan_move(
     for layer in range(current.start, current.end):
         if others_online[layer] <= 0:
             return None  # a layer only I serve: while I load my new range it would go dark
+        if others_staying is not None and others_staying[layer] < thin_limit:
+            return None  # a layer I would leave thin: its dip would last my whole reload
     mine = set(range(current.start, current.end))
     theirs = set(range(target.start, target.end))
     touched = mine | theirs  # only these layers change; far-apart ranges stay O(k)
@@ -305,11 +313,14 @@ def urgent_layers(view: SwarmView) -> list[int]:
 def thin_layers(view: SwarmView, *, without: str | None = None) -> list[int]:
     """Layers whose staying ONLINE servers (optionally without peer `without`) carry less than
     THIN_SHARE of the mean layer throughput of the peers balancing counts (the capacity bound)."""
-    counted = layer_throughput(view, without=without)
-    if not counted:
-        return []
-    limit = THIN_SHARE * sum(counted) / len(counted)
+    limit = thin_limit(view, without=without)
     return [layer for layer, t in enumerate(staying_throughput(view, without=without)) if t < limit]
+
+
+def thin_limit(view: SwarmView, *, without: str | None = None) -> float:
+    """THIN_SHARE of the mean layer throughput of the peers balancing counts (the capacity bound)."""
+    counted = layer_throughput(view, without=without)
+    return THIN_SHARE * sum(counted) / len(counted) if counted else 0.0
 
 
 def thin_without(view: SwarmView, me: str) -> bool:
@@ -411,6 +422,8 @@ def should_move(
         quality,
         layer_counts(view, without=me),
         guarded=guarded_layers(view),
+        others_staying=staying_throughput(view, without=me),
+        thin_limit=thin_limit(view),  # my capacity stays in the swarm: the mean counts it
     )
 
 
