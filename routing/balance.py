@@ -313,11 +313,11 @@ def urgent_layers(view: SwarmView) -> list[int]:
 def thin_layers(view: SwarmView, *, without: str | None = None) -> list[int]:
     """Layers whose staying ONLINE servers (optionally without peer `without`) carry less than
     THIN_SHARE of the mean layer throughput of the peers balancing counts (the capacity bound)."""
-    limit = thin_limit(view, without=without)
+    limit = thin_threshold(view, without=without)
     return [layer for layer, t in enumerate(staying_throughput(view, without=without)) if t < limit]
 
 
-def thin_limit(view: SwarmView, *, without: str | None = None) -> float:
+def thin_threshold(view: SwarmView, *, without: str | None = None) -> float:
     """THIN_SHARE of the mean layer throughput of the peers balancing counts (the capacity bound)."""
     counted = layer_throughput(view, without=without)
     return THIN_SHARE * sum(counted) / len(counted) if counted else 0.0
@@ -423,7 +423,7 @@ def should_move(
         layer_counts(view, without=me),
         guarded=guarded_layers(view),
         others_staying=staying_throughput(view, without=me),
-        thin_limit=thin_limit(view),  # my capacity stays in the swarm: the mean counts it
+        thin_limit=thin_threshold(view),  # my capacity stays in the swarm: the mean counts it
     )
 
 

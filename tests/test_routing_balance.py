@@ -113,8 +113,11 @@ def test_a_peer_weighs_only_peers_at_least_its_size() -> None:
     assert layer_throughput(v, min_layers=4) == [10.0] * 4 + [0.0] * 4
     assert choose_window(layer_throughput(v, min_layers=4), 4, layer_counts(v)) == LayerRange(4, 8)
     assert choose_window(layer_throughput(v), 4, layer_counts(v)) == LayerRange(0, 4)  # everyone weighed
-    assert should_move(v, "b2") == LayerRange(4, 8)  # 0:4 keeps b1
+    assert should_move(v, "b2") is None  # b1 alone would leave 0:4 thin (5 of a mean 20)
     assert should_move(v, "s0") == LayerRange(0, 2)  # 10 now, 20 after: more than 1.33x
+    # With a third big peer 0:4 keeps 14 of a mean 25.5 without b2, and b2 lays the base at 4:8.
+    based = view(8, *(rec(f"b{i}", "0:4", 7.0) for i in (1, 2, 3)), *crowd)
+    assert should_move(based, "b2") == LayerRange(4, 8)
     assert choose_layers(v, 2) == LayerRange(2, 4)  # the max flow runs dry at layer 3
 
 
@@ -284,6 +287,23 @@ def test_thin_layers_are_urgent_and_hold_a_drain_while_a_replacement_loads() -> 
     loading = view(8, rec("me", "4:8", state=D), rec("j", "6:8", state=J), rec("k", "0:2", state=J),
                    replace(rec("m", "0:2"), moving_to=LayerRange(3, 5)), replace(rec("s", "4:8", state=J), standby=True))
     assert incoming(loading, "me") == ["j", "m"] and incoming(loading, "ghost") == []
+
+
+def test_a_peer_does_not_move_away_from_layers_it_would_leave_thin() -> None:
+    # 4:8 has one slow server (strength 1 x SOLE_DISCOUNT). Without "a", 0:4 keeps b alone (2
+    # tokens/s), under THIN_SHARE of the mean 6.5 (3.25): the move's reload would halve the swarm's
+    # flow there for as long as the dip it closes on 4:8. Coverage alone (b stays) would allow it.
+    alone = view(8, rec("a", "0:4", 10.0), rec("b", "0:4", 2.0), rec("c", "4:8", 1.0))
+    assert should_move(alone, "a") is None
+    assert should_move(alone, "a", quality=1.0) is None
+    # A third server keeps 0:4 at 5 without a (limit 8 x 1/2 = 4): then a moves.
+    backed = view(8, rec("a", "0:4", 10.0), rec("b", "0:4", 2.0), rec("b2", "0:4", 3.0), rec("c", "4:8", 1.0))
+    assert should_move(backed, "a") == LayerRange(4, 8)
+    # The array form: the same rule through others_staying / thin_limit, and none without them.
+    others, online = [2.0] * 4 + [1.0] * 4, [1] * 8
+    assert plan_move(others, online, LayerRange(0, 4), 10.0, others_counted=online) == LayerRange(4, 8)
+    assert plan_move(others, online, LayerRange(0, 4), 10.0, others_counted=online,
+                     others_staying=others, thin_limit=3.25) is None
 
 
 @settings(max_examples=300, deadline=None)
