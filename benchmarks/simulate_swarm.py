@@ -33,6 +33,8 @@ counts at its target at once (its record), so the others see the layers taken. T
 the same way, a draining peer whose layers would be thin without it stays while a peer
 loads there (peer/drain.py), and no peer moves away from layers it would leave thin
 (routing.plan_move; --no-thin: gaps alone, drains leave once covered, moves only keep them covered).
+A peer whose check finds no such move may still move to where the max flow runs dry, at most once
+per FLOW_MOVE_COOLDOWN_S (routing.flow_move; --no-flow-moves: never).
 
 The model has num_layers = sum(k) / redundancy layers, so `redundancy` is how many times
 the swarm's memory could hold the model.
@@ -45,7 +47,8 @@ them, and leaves with its host. Coverage counts a layer a standby serves as serv
 it only then, slowly), and the time some layer was served by standbys alone is reported; the
 GPU peers' balancing counts standbys only as guards (no SOLE_DISCOUNT where one is; off with
 --no-guard-discount, and the GPU peers' run is the same as without standbys), and throughput
-figures leave them out (a CPU's share is negligible).
+figures leave them out (a CPU's share is negligible): while only standbys serve some layer, the
+max-flow sample is 0.
 """
 
 from __future__ import annotations
@@ -63,10 +66,12 @@ from pathlib import Path
 from benchmarks.sim_optimum import ordered_placement
 from routing import (
     DEFAULT_QUALITY,
+    FLOW_MOVE_COOLDOWN_S,
     SOLE_DISCOUNT,
     THIN_SHARE,
     NoRouteError,
     choose_window,
+    plan_flow_move,
     plan_move,
     plan_route,
     route_cost,
@@ -122,6 +127,7 @@ class SimConfig:
     thin: bool = True  # thin layers wake peers, hold drains and moves (routing.thin_layers); False: gaps alone
     guard_discount: bool = True  # no SOLE_DISCOUNT on layers a standby holds (routing.guarded_layers)
     route_period_s: float = ROUTE_PERIOD_S  # seconds between route and max-flow samples
+    flow_moves: bool = True  # a peer that should_move keeps in place may move for the max flow (routing.flow_move)
 
 
 @dataclass
@@ -135,6 +141,7 @@ class _Peer:
     draining: bool = False
     drain_deadline: float = 0.0
     generation: int = 0  # bumped on every move, so a stale "online" event is ignored
+    moved_at: float | None = None  # when it last moved (routing.FLOW_MOVE_COOLDOWN_S); None: never
 
     @property
     def loading(self) -> bool:
@@ -469,10 +476,13 @@ def simulate(cfg: SimConfig) -> SimResult:
                 counted[layer] -= 1
             if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
                 others[layer] = 0.0
-        target = plan_move(others, _Without(swarm.staying_n, p.layers, 1), p.layers, p.thr, cfg.quality, counted,
-                           discount=cfg.sole_discount, guarded=guarded,
-                           others_staying=_Without(swarm.staying_thr, p.layers, p.thr) if cfg.thin else None,
-                           thin_limit=swarm.thin_limit())
+        online = _Without(swarm.staying_n, p.layers, 1)
+        staying = _Without(swarm.staying_thr, p.layers, p.thr) if cfg.thin else None
+        target = plan_move(others, online, p.layers, p.thr, cfg.quality, counted, discount=cfg.sole_discount,
+                           guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit())
+        if target is None and cfg.flow_moves and (p.moved_at is None or now - p.moved_at >= FLOW_MOVE_COOLDOWN_S):
+            placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining and q is not p]
+            target = plan_flow_move(placed, num_layers, p.layers, p.thr * p.k, others, online, staying, swarm.thin_limit())
         if target is None:
             return False
         # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
@@ -482,7 +492,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.serve(p.serving, p, -1)
         p.serving = None
         swarm.place(p, -1)
-        p.layers, p.generation = target, p.generation + 1
+        p.layers, p.generation, p.moved_at = target, p.generation + 1, now
         swarm.place(p, +1)
         push(now + delay + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
         return True
@@ -844,6 +854,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="simulated seconds between route and max-flow samples (shorter: a steadier mean, slower)")
     ap.add_argument("--no-guard-discount", action="store_true",
                     help="discount sole-served layers even where a standby guards them (the rule before: GPU peers ignore standbys)")
+    ap.add_argument("--no-flow-moves", action="store_true",
+                    help="running peers move only by should_move's strength rule, never for the max flow (the rule before)")
     ap.add_argument("--no-thin", action="store_true",
                     help="peers decide at once only on gaps, not thin layers, a drain leaves once covered, and a move may leave its layers thin (the rule before)")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
@@ -855,7 +867,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
                     warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
-                    guard_discount=not a.no_guard_discount, route_period_s=a.route_period)
+                    guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

@@ -13,6 +13,9 @@ Only `swarm.types` is imported from the rest of the project.
              possible_takers (array-level forms: choose_window, plan_move): which layers a
              peer should serve (sole-served layers discounted unless a standby guards them);
              when to decide at once (gaps, thin layers); when a draining peer may leave.
+- flow_move.py flow_move (array-level: plan_flow_move): a running peer moves to where the
+             max flow runs dry when that raises it by FLOW_MOVE_GAIN, at most once per
+             FLOW_MOVE_COOLDOWN_S (after should_move says stay).
 - standby.py standby_layers (standby_window, exposure): where a standby guards the layers one
              crash would leave dark.
 - spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
@@ -44,6 +47,7 @@ from routing.balance import (
 from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
 from routing.costs import RouteCosts, hop_cost
 from routing.flow import capacity_bound, max_flow_throughput
+from routing.flow_move import FLOW_MOVE_COOLDOWN_S, FLOW_MOVE_GAIN, flow_move, plan_flow_move
 from routing.route import NoRouteError, plan_route, route_cost
 from routing.spread import choose_route, sample_route
 from routing.standby import standby_layers, standby_window
@@ -53,6 +57,8 @@ __all__ = [
     "BAN_CAP_S",
     "BAN_FACTOR",
     "DEFAULT_QUALITY",
+    "FLOW_MOVE_COOLDOWN_S",
+    "FLOW_MOVE_GAIN",
     "SOLE_DISCOUNT",
     "THIN_SHARE",
     "BanList",
@@ -63,12 +69,14 @@ __all__ = [
     "choose_window",
     "covered_without",
     "capacity_bound",
+    "flow_move",
     "hop_cost",
     "incoming",
     "layer_counts",
     "layer_servers",
     "layer_throughput",
     "max_flow_throughput",
+    "plan_flow_move",
     "plan_move",
     "plan_route",
     "possible_takers",

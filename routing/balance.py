@@ -203,7 +203,13 @@ def choose_window(
         return weakest  # a layer one departure from a gap comes first
     # Flow-aware: among the windows holding the max flow's bottleneck (routing.flow), the one
     # with the lowest total strength; capacity anywhere else would not raise the flow.
-    start = min(range(max(0, bottleneck - k + 1), min(bottleneck, total - k) + 1),
+    return window_holding(throughput, k, bottleneck)
+
+
+def window_holding(throughput: Sequence[float], k: int, layer: int) -> LayerRange:
+    """Among the windows of k layers that hold `layer`, the one of lowest total (ties: lowest start)."""
+    total = len(throughput)
+    start = min(range(max(0, layer - k + 1), min(layer, total - k) + 1),
                 key=lambda s: (sum(throughput[s : s + k]), s))
     return LayerRange(start, start + k)
 
@@ -264,11 +270,8 @@ def plan_move(
     target = choose_window(others, len(current), others_counted, discount, guarded=guarded)
     if target == current:
         return None
-    for layer in range(current.start, current.end):
-        if others_online[layer] <= 0:
-            return None  # a layer only I serve: while I load my new range it would go dark
-        if others_staying is not None and others_staying[layer] < thin_limit:
-            return None  # a layer I would leave thin: its dip would last my whole reload
+    if not leaves_safely(current, others_online, others_staying, thin_limit):
+        return None
     mine = set(range(current.start, current.end))
     theirs = set(range(target.start, target.end))
     touched = mine | theirs  # only these layers change; far-apart ranges stay O(k)
@@ -281,6 +284,17 @@ def plan_move(
     weakest_then = min(_strength(others, others_counted, layer, layer in theirs, my_throughput, discount, guarded)
                        for layer in touched)
     return target if weakest_now < quality * weakest_then else None
+
+
+def leaves_safely(current: LayerRange, others_online: Sequence[int], others_staying: Sequence[float] | None = None,
+                  thin_limit: float = 0.0) -> bool:
+    """May a peer stop serving `current` for a reload (plan_move's first two conditions)?"""
+    for layer in range(current.start, current.end):
+        if others_online[layer] <= 0:
+            return False  # a layer only I serve: while I load my new range it would go dark
+        if others_staying is not None and others_staying[layer] < thin_limit:
+            return False  # a layer I would leave thin: its dip would last my whole reload
+    return True
 
 
 def strengths(throughput: Sequence[float], servers: Sequence[int], discount: float = SOLE_DISCOUNT,
@@ -388,12 +402,17 @@ def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:
     departures graceful): max flow +6-7 points of the capacity bound for about as many sole
     servers. One coarse max flow per join: tens of ms at 1,000 peers and 5,000 layers.
     """
-    placement = [(LayerRange(span.start, min(span.end, view.num_layers)), len(span) * max(r.throughput, 0.0))
-                 for r in _sorted_records(view)
-                 if (span := _balanced_layers(r)) is not None and span.start < view.num_layers]
+    placement = balanced_placement(view)
     bottleneck = bottleneck_layer(placement, view.num_layers) if placement else None
     return choose_window(layer_throughput(view, min_layers=num_layers), num_layers, layer_counts(view),
                          bottleneck=bottleneck, guarded=guarded_layers(view))
+
+
+def balanced_placement(view: SwarmView, *, without: str | None = None) -> list[tuple[LayerRange, float]]:
+    """(layers, layer-tokens/s) of every peer balancing counts (a mover at its target), for routing.flow."""
+    return [(LayerRange(span.start, min(span.end, view.num_layers)), len(span) * max(r.throughput, 0.0))
+            for r in _sorted_records(view)
+            if r.peer_id != without and (span := _balanced_layers(r)) is not None and span.start < view.num_layers]
 
 
 def should_move(
