@@ -1,8 +1,8 @@
 """Where this peer serves: pick layers on join, and move to the swarm's weakest layers later
 (a standby: to the layers one crash would leave dark).
 
-The decisions are the pure functions of `routing.balance`; this file only feeds them fresh
-views and acts on their answers.
+The decisions are the pure functions of `routing.balance` and `routing.flow_move`; this file
+only feeds them fresh views (and the time since its last move) and acts on their answers.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
-from routing import choose_layers, should_move, standby_layers, urgent_layers
+from routing import choose_layers, flow_move, should_move, standby_layers, urgent_layers
 from shards.config import ModelConfig
 from swarm.reachability import machine_of
 from swarm.types import LayerRange, SwarmView
@@ -72,6 +72,7 @@ async def balance_loop(placement: Placement) -> None:
     cfg = placement.config
     loop = asyncio.get_running_loop()
     decided_on: list[int] = []  # urgent layers already decided on: no early wake for them again
+    last_move: float | None = None  # loop time of our last move: flow moves wait FLOW_MOVE_COOLDOWN_S after it
     while True:
         due = loop.time() + cfg.balance_period * random.uniform(1 - JITTER, 1 + JITTER)
         view = await _watch_until(placement, due, decided_on)
@@ -82,8 +83,18 @@ async def balance_loop(placement: Placement) -> None:
                 continue  # our own record is not visible yet; decide on the next round
             target = should_move(view, placement.peer_id(), quality=cfg.balance_quality,
                                  my_throughput=placement.throughput())
-            if target is not None and not await placement.migrate(target):
-                decided_on = []  # stepped back for a peer leaving the same layers: look again at the next read
+            if target is None:
+                since = None if last_move is None else loop.time() - last_move
+                target = flow_move(view, placement.peer_id(), since_last_move_s=since,
+                                   my_throughput=placement.throughput())
+                if target is not None:
+                    logger.info("the swarm's max flow runs dry in %s: moving there from %s raises it",
+                                target, placement.layers())
+            if target is not None:
+                if await placement.migrate(target):
+                    last_move = loop.time()
+                else:
+                    decided_on = []  # stepped back for a peer leaving the same layers: look again at the next read
         except asyncio.CancelledError:
             raise
         except Exception:

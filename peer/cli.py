@@ -213,7 +213,7 @@ def serve(
     layers: Annotated[str | None, typer.Option("--layers", help="Serve exactly these layers, half-open START:END (e.g. 0:15), and never move.")] = None,
     num_layers: Annotated[int | None, typer.Option("--num-layers", help="Serve this many layers where the swarm is weakest, and move when a gap opens. Default (no --layers either): as many as fit in memory.")] = None,
     balance_period: Annotated[float, typer.Option(help="Seconds between checks whether moving would help the swarm (randomised +-25%).")] = 120.0,
-    balance_quality: Annotated[float, typer.Option(help="Move only if the swarm's bottleneck throughput grows by more than 1/quality.")] = 0.75,
+    balance_quality: Annotated[float, typer.Option(help="Move only if the weakest layers a move touches grow by more than 1/quality (or, at most once an hour, if the swarm's max flow grows by 1%).")] = 0.75,
     move_mode: Annotated[str, typer.Option(help="How a move loads its new layers: beside (keep serving the old ones meanwhile; needs memory for both), in-place (free the old ones first), or auto (beside when free memory holds the new ones).")] = "auto",
     standby: Annotated[bool, typer.Option("--standby", help="Serve as a standby: a slow safety net (e.g. with --device cpu and host memory) that places itself on the layers only one other peer serves and moves as those change. Clients route through it only when that peer is gone, so a crash leaves slow layers instead of a gap; other peers' balancing ignores it. Self-placing: not with --layers.")] = False,
     initial_peers: InitialPeers = None,
