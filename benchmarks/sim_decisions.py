@@ -5,7 +5,8 @@
 Builds a SwarmView of `peers` peers drawn from the simulator's GPU classes, placed one after
 another where the swarm is weakest, on an 80-layer model and on a model sized for 2x redundancy,
 then times (median CPU time of `repeat` calls) what a peer and a client compute from the DHT view:
-choose_layers (join), should_move (balance check), urgent_layers (the watch every 5 s: gaps
+choose_layers (join), should_move (balance check), flow_move (the same check when should_move says stay,
+timed for a peer that may leave its layers and does not hold the bottleneck: the whole computation), urgent_layers (the watch every 5 s: gaps
 and thin layers), standby_layers (a standby's check, with every peer on its own machine), choose_route on an idle and a busy swarm, and the exact max
 flow (routing.flow; only the simulator and benchmarks need it).
 """
@@ -25,11 +26,15 @@ from routing import (
     choose_layers,
     choose_route,
     choose_window,
+    flow_move,
+    layer_servers,
     max_flow_throughput,
     should_move,
     standby_layers,
     urgent_layers,
 )
+from routing.balance import balanced_placement, leaves_safely, staying_throughput, thin_threshold
+from routing.flow import bottleneck_layer
 from swarm.types import PeerRecord, PeerState, SwarmView
 
 
@@ -51,6 +56,19 @@ def build_view(peers: int, num_layers: int | None, seed: int, busy: bool) -> Swa
         pid = f"peer{i:05d}"
         records[pid] = PeerRecord(pid, "m", layers, PeerState.ONLINE, t, free_pages=free, total_pages=1000)
     return SwarmView("m", n, records, {p: rng.uniform(0.01, 0.15) for p in records})
+
+
+def full_flow_check_peer(view: SwarmView) -> str:
+    """A peer whose flow_move runs every step: it may leave its layers and does not hold the bottleneck."""
+    bottleneck = bottleneck_layer(balanced_placement(view), view.num_layers)
+    limit = thin_threshold(view)
+    for peer_id in sorted(view.records):
+        layers = view.records[peer_id].layers
+        if (bottleneck is not None and not layers.start <= bottleneck < layers.end
+                and leaves_safely(layers, layer_servers(view, without=peer_id),
+                                  staying_throughput(view, without=peer_id), limit)):
+            return peer_id
+    raise ValueError("no peer may leave its layers in this view")
 
 
 def median_ms(fn, repeat: int) -> float:
@@ -81,13 +99,15 @@ def main(argv: list[str] | None = None) -> dict:
             "layers": view.num_layers,
             "choose_layers_ms": median_ms(lambda v=view: choose_layers(v, 8), a.repeat),
             "should_move_ms": median_ms(lambda v=view, me=me: should_move(v, me), a.repeat),
+            "flow_move_ms": median_ms(lambda v=view, me=full_flow_check_peer(view): flow_move(v, me, since_last_move_s=None),
+                                      a.repeat),
             "urgent_layers_ms": median_ms(lambda v=view: urgent_layers(v), a.repeat),
             "standby_layers_ms": median_ms(lambda v=view, m=machines: standby_layers(v, "standby", 8, m), a.repeat),
             "choose_route_idle_ms": median_ms(lambda v=view, rng=rng: choose_route(v, rng), a.repeat),
             "choose_route_busy_ms": median_ms(lambda v=busy, rng=rng: choose_route(v, rng), a.repeat),
             "max_flow_ms": median_ms(lambda v=view: max_flow_throughput(v), 1),
         }
-    header = ["view", "layers", "choose_layers", "should_move", "urgent_layers", "standby_layers", "choose_route idle", "choose_route busy", "max flow"]
+    header = ["view", "layers", "choose_layers", "should_move", "flow_move", "urgent_layers", "standby_layers", "choose_route idle", "choose_route busy", "max flow"]
     print(" | ".join(header))
     for label, r in rows.items():
         print(" | ".join([label, str(r["layers"])] + [f"{r[k]:.1f} ms" for k in list(r)[1:]]))
