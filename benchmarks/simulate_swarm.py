@@ -77,7 +77,7 @@ from routing import (
     route_cost,
     standby_window,
 )
-from routing.flow import bottleneck_layer, max_flow_of
+from routing.flow import bottleneck_layer, flow_and_bottleneck, max_flow_of
 from routing.spread import flow_weights
 from routing.standby import STANDBY_MARGIN, exposure
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
@@ -204,8 +204,10 @@ class _Swarm:
         self.uncovered = num_layers
         self.gpu_uncovered = num_layers
         self.gaps_opened = 0
+        self.placements = 0  # changes of balancing's view so far: keys what is computed once per view
 
     def place(self, p: _Peer, sign: int) -> None:
+        self.placements += 1
         n = len(self.thr)
         tier_thr = self.thr_by_k.setdefault(p.k, [0.0] * n)
         tier_n = self.counted_by_k.setdefault(p.k, [0] * n)
@@ -466,6 +468,8 @@ def simulate(cfg: SimConfig) -> SimResult:
             # The last announcement was 0-10 s ago, so the record outlives its peer by 20-30 s.
             push(now + rng.uniform(RECORD_TTL_S * 2 / 3, RECORD_TTL_S), "expire", p.peer_id)
 
+    swarm_flow: list = [-1, (0.0, None)]  # (swarm.placements it was computed at, flow_and_bottleneck)
+
     def try_move(p: _Peer, now: float, delay: float = 0.0) -> bool:
         """Balance check of p; a move decided now starts loading after `delay` (its react wait)."""
         others, counted = _balance_arrays(swarm, p.k, cfg, counts)
@@ -481,8 +485,13 @@ def simulate(cfg: SimConfig) -> SimResult:
         target = plan_move(others, online, p.layers, p.thr, cfg.quality, counted, discount=cfg.sole_discount,
                            guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit())
         if target is None and cfg.flow_moves and (p.moved_at is None or now - p.moved_at >= FLOW_MOVE_COOLDOWN_S):
-            placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining and q is not p]
-            target = plan_flow_move(placed, num_layers, p.layers, p.thr * p.k, others, online, staying, swarm.thin_limit())
+            counted_peers = [q for q in [*peers.values(), *expiring.values()] if not q.draining]
+            if swarm_flow[0] != swarm.placements:  # every peer reading this view shares its max flow
+                placed = [(q.layers, q.thr * q.k) for q in counted_peers]
+                swarm_flow[:] = [swarm.placements, flow_and_bottleneck(placed, num_layers)]
+            others_placed = [(q.layers, q.thr * q.k) for q in counted_peers if q is not p]
+            target = plan_flow_move(others_placed, num_layers, p.layers, p.thr * p.k, others, online, staying,
+                                    swarm.thin_limit(), swarm_flow[1])
         if target is None:
             return False
         # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds

@@ -6,9 +6,10 @@ gain on the layers it touches, so it comes to rest well below what a good placem
 largest-first placement). The max flow (routing/flow.py) sees what strengths do not: a peer
 can spend its capacity on any of its layers, and what limits the swarm is one stretch where
 the flow runs dry. A flow move is the join rule applied again to a running peer: the window
-holding the bottleneck layer of the swarm without it (choose_layers' flow-aware branch), taken
-when the swarm's max flow with the peer there beats the max flow with the peer where it is by
-FLOW_MOVE_GAIN.
+holding the swarm's bottleneck layer (routing.flow.bottleneck_layer) of lowest total throughput
+(choose_layers' flow-aware branch), taken when the swarm with the peer there can carry
+FLOW_MOVE_GAIN more than the swarm's max flow now. One max flow per view serves every peer's
+check; each check itself is one greedy pass (routing.flow.feasible).
 
 Each flow move strictly raises the swarm's max flow, so they cannot cycle; and a peer makes one
 at most every FLOW_MOVE_COOLDOWN_S, which bounds what they add to the move budget. Like any
@@ -28,7 +29,7 @@ from routing.balance import (
     thin_threshold,
     window_holding,
 )
-from routing.flow import BOTTLENECK_TOLERANCE, bottleneck_layer, feasible, max_flow_of
+from routing.flow import feasible, flow_and_bottleneck
 from swarm.types import LayerRange, SwarmView
 
 # A flow move must raise the swarm's max flow by this share. 1%: a 4-layer peer's reload costs
@@ -51,24 +52,25 @@ def plan_flow_move(
     others_online: Sequence[int],
     others_staying: Sequence[float] | None = None,
     thin_limit: float = 0.0,
+    swarm_flow: tuple[float, int | None] | None = None,
     gain: float = FLOW_MOVE_GAIN,
 ) -> LayerRange | None:
     """Where a peer serving `current` should move for the max flow, or None to stay.
 
     `others` is the placement ((layers, layer-tokens/s), balanced_placement) without this peer;
-    `tier_throughput` the per-layer throughput of its tier (layer_throughput's min_layers), which
-    ranks the windows holding the bottleneck as a join does; `others_online` / `others_staying`
-    / `thin_limit` as in plan_move. The max flow with the peer where it is is computed to
-    BOTTLENECK_TOLERANCE (0.1%, far below `gain`); the target then only needs a feasibility check.
+    `tier_throughput` the per-layer throughput of its tier without it (layer_throughput's
+    min_layers), which ranks the windows holding the bottleneck as a join does; `others_online` /
+    `others_staying` / `thin_limit` as in plan_move. `swarm_flow` is flow_and_bottleneck of the
+    whole placement, this peer included: every peer reading one view shares it (a simulator
+    caches it), computed here when not given. The move must make that flow feasible `gain` higher.
     """
     if not leaves_safely(current, others_online, others_staying, thin_limit):
         return None
-    bottleneck = bottleneck_layer(others, num_layers)
+    flow, bottleneck = swarm_flow or flow_and_bottleneck([*others, (current, my_capacity)], num_layers)
     if bottleneck is None or current.start <= bottleneck < current.end:
-        return None  # a gap elsewhere comes first (should_move), or I already hold where it runs dry
+        return None  # a gap comes first (should_move), or I already hold where the flow runs dry
     target = window_holding(tier_throughput, len(current), bottleneck)
-    now = max_flow_of([*others, (current, my_capacity)], num_layers, BOTTLENECK_TOLERANCE)
-    if now <= 0 or not feasible([*others, (target, my_capacity)], num_layers, now * (1 + gain)):
+    if flow <= 0 or not feasible([*others, (target, my_capacity)], num_layers, flow * (1 + gain)):
         return None
     return target
 
