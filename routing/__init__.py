@@ -12,7 +12,8 @@ Only `swarm.types` is imported from the rest of the project.
              urgent_layers, thin_layers, covered_without, thin_without, incoming,
              possible_takers (array-level forms: choose_window, plan_move): which layers a
              peer should serve (sole-served layers discounted unless a standby guards them);
-             when to decide at once (gaps, thin layers); when a draining peer may leave.
+             when to decide at once (gaps, thin layers); when a draining peer may leave
+             (helpers shared with flow_move.py: leaves_safely, window_holding, balanced_placement).
 - flow_move.py flow_move (array-level: plan_flow_move): a running peer moves to where the
              max flow runs dry when that raises it by FLOW_MOVE_GAIN, at most once per
              FLOW_MOVE_COOLDOWN_S (after should_move says stay).
@@ -22,7 +23,7 @@ Only `swarm.types` is imported from the rest of the project.
              parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
              (exact max flow on the layer graph), the optimum placement and routing aim at;
-             bottleneck_layer: where it runs dry (choose_layers joins there).
+             bottleneck_layer / flow_and_bottleneck: where it runs dry (joins and flow moves go there).
 """
 
 from routing.balance import (
