@@ -67,6 +67,7 @@ from benchmarks.sim_optimum import ordered_placement
 from routing import (
     DEFAULT_QUALITY,
     FLOW_MOVE_COOLDOWN_S,
+    FLOW_MOVE_GAIN,
     SOLE_DISCOUNT,
     THIN_SHARE,
     NoRouteError,
@@ -128,6 +129,8 @@ class SimConfig:
     guard_discount: bool = True  # no SOLE_DISCOUNT on layers a standby holds (routing.guarded_layers)
     route_period_s: float = ROUTE_PERIOD_S  # seconds between route and max-flow samples
     flow_moves: bool = True  # a peer that should_move keeps in place may move for the max flow (routing.flow_move)
+    flow_move_gain: float = FLOW_MOVE_GAIN
+    flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
 
 
 @dataclass
@@ -484,14 +487,14 @@ def simulate(cfg: SimConfig) -> SimResult:
         staying = _Without(swarm.staying_thr, p.layers, p.thr) if cfg.thin else None
         target = plan_move(others, online, p.layers, p.thr, cfg.quality, counted, discount=cfg.sole_discount,
                            guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit())
-        if target is None and cfg.flow_moves and (p.moved_at is None or now - p.moved_at >= FLOW_MOVE_COOLDOWN_S):
+        if target is None and cfg.flow_moves and (p.moved_at is None or now - p.moved_at >= cfg.flow_move_cooldown_s):
             counted_peers = [q for q in [*peers.values(), *expiring.values()] if not q.draining]
             if swarm_flow[0] != swarm.placements:  # every peer reading this view shares its max flow
                 placed = [(q.layers, q.thr * q.k) for q in counted_peers]
                 swarm_flow[:] = [swarm.placements, flow_and_bottleneck(placed, num_layers)]
             others_placed = [(q.layers, q.thr * q.k) for q in counted_peers if q is not p]
             target = plan_flow_move(others_placed, num_layers, p.layers, p.thr * p.k, others, online, staying,
-                                    swarm.thin_limit(), swarm_flow[1])
+                                    swarm.thin_limit(), swarm_flow[1], cfg.flow_move_gain)
         if target is None:
             return False
         # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
@@ -865,6 +868,10 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="discount sole-served layers even where a standby guards them (the rule before: GPU peers ignore standbys)")
     ap.add_argument("--no-flow-moves", action="store_true",
                     help="running peers move only by should_move's strength rule, never for the max flow (the rule before)")
+    ap.add_argument("--flow-move-gain", type=float, default=FLOW_MOVE_GAIN,
+                    help="share by which a flow move must raise the swarm's max flow (routing.FLOW_MOVE_GAIN)")
+    ap.add_argument("--flow-move-cooldown", type=float, default=FLOW_MOVE_COOLDOWN_S,
+                    help="seconds after its last move before a peer may make a flow move (routing.FLOW_MOVE_COOLDOWN_S)")
     ap.add_argument("--no-thin", action="store_true",
                     help="peers decide at once only on gaps, not thin layers, a drain leaves once covered, and a move may leave its layers thin (the rule before)")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
@@ -876,7 +883,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
                     warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
-                    guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves)
+                    guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
+                    flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"
