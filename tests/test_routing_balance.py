@@ -31,7 +31,7 @@ from routing import (
 from routing.balance import guarded_layers
 from routing.flow import bottleneck_layer, max_flow_throughput, peer_capacities
 from swarm.types import LayerRange, PeerRecord, PeerState
-from tests.routing_helpers import rec, view
+from tests.routing_helpers import joined_swarm, rec, settle, view
 
 J, OFF = PeerState.JOINING, PeerState.OFFLINE
 
@@ -135,21 +135,7 @@ def test_real_gaps_come_before_layers_only_smaller_peers_hold() -> None:
 def test_balancing_a_fixed_swarm_stops_moving(peers, rng) -> None:
     # Tiers make each size balance against larger ones; smaller peers change only the
     # redundancy counts bigger ones see. However they interleave, the moves must end.
-    records = {}
-    for i, (k, thr) in enumerate(peers):
-        records[f"p{i}"] = rec(f"p{i}", str(choose_layers(view(10, *records.values()), k)), thr)
-    order = sorted(records)
-    for _ in range(40):
-        rng.shuffle(order)
-        moved = False
-        for peer_id in order:
-            target = should_move(view(10, *records.values()), peer_id)
-            if target is not None:
-                records[peer_id] = rec(peer_id, str(target), records[peer_id].throughput)
-                moved = True
-        if not moved:
-            return
-    raise AssertionError(f"still moving after 40 rounds: {sorted((r.peer_id, str(r.layers)) for r in records.values())}")
+    settle(joined_swarm(peers, 10), 10, should_move, rng)
 
 
 def test_should_not_move_for_a_small_gain() -> None:

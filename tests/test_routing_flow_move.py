@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from routing import (
     FLOW_MOVE_COOLDOWN_S,
     FLOW_MOVE_GAIN,
-    choose_layers,
     flow_move,
     layer_servers,
     layer_throughput,
@@ -20,7 +19,7 @@ from routing import (
 from routing.balance import balanced_placement
 from routing.flow import BOTTLENECK_TOLERANCE
 from swarm.types import LayerRange
-from tests.routing_helpers import rec, view
+from tests.routing_helpers import joined_swarm, rec, settle, view
 
 
 def _swarm():
@@ -68,24 +67,15 @@ def test_a_flow_move_waits_for_the_cooldown_and_leaves_nothing_dark_or_thin() ->
 @given(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1.0, 2.5, 6.0])), min_size=2, max_size=9),
        st.randoms(use_true_random=False))
 def test_flow_moves_raise_the_max_flow_uncover_nothing_and_stop(peers, rng) -> None:
-    records = {}
-    for i, (k, thr) in enumerate(peers):
-        records[f"p{i}"] = rec(f"p{i}", str(choose_layers(view(10, *records.values()), k)), thr)
-    order = sorted(records)
-    for _ in range(40):
-        rng.shuffle(order)
-        moved = False
-        for peer_id in order:
-            before = view(10, *records.values())
-            target = flow_move(before, peer_id, since_last_move_s=None)
-            if target is None:
-                continue
-            records[peer_id] = rec(peer_id, str(target), records[peer_id].throughput)
-            after = view(10, *records.values())
+    def move_checked(before, peer_id):
+        target = flow_move(before, peer_id, since_last_move_s=None)
+        if target is not None:
+            moved = dict(before.records)
+            moved[peer_id] = rec(peer_id, str(target), before.records[peer_id].throughput)
+            after = view(10, *moved.values())
             assert min(layer_servers(after)) >= min(1, min(layer_servers(before)))  # no layer uncovered
             gain = (1 + FLOW_MOVE_GAIN) * (1 - BOTTLENECK_TOLERANCE)
             assert max_flow_throughput(after) >= gain * max_flow_throughput(before) * (1 - 1e-6)
-            moved = True
-        if not moved:
-            return
-    raise AssertionError(f"still moving after 40 rounds: {sorted((r.peer_id, str(r.layers)) for r in records.values())}")
+        return target
+
+    settle(joined_swarm(peers, 10), 10, move_checked, rng)
