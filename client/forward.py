@@ -49,7 +49,7 @@ async def forward_through_swarm(
                 if failures > swarm.config.max_retries:
                     raise SwarmError(f"forward pass failed {failures} times; last error: {e}") from e
                 logger.warning("forward through %s failed (%s); rerouting", hop.peer_id, e)
-                swarm.ban(hop.peer_id)
+                swarm.ban(hop.peer_id, e)
                 break
             x = Result.from_wire(reply, swarm.limits).hidden.to(torch.float32)
             position = hop.layers.end

@@ -240,7 +240,7 @@ class InferenceSession:
         self.failures[hop.peer_id] += 1
         logger.warning("peer %s failed on layers %s (%s: %s); rerouting", hop.peer_id, hop.layers,
                        type(error).__name__, error)
-        self.swarm.ban(hop.peer_id)
+        self.swarm.ban(hop.peer_id, error)
         await hop.close()
         await asyncio.sleep(min(self.swarm.config.retry_backoff * 2 ** (attempt - 1), 10.0))
         try:
@@ -286,7 +286,7 @@ class InferenceSession:
                     x = y
         except Exception as e:
             if hops and is_hop_failure(e):
-                self.swarm.ban(hops[-1].peer_id)
+                self.swarm.ban(hops[-1].peer_id, e)
             await asyncio.gather(*(h.close() for h in hops), return_exceptions=True)
             raise
         return hops

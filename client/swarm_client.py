@@ -19,6 +19,7 @@ from swarm.auth import SwarmKey
 from swarm.codec import Limits
 from swarm.connection import PeerStream, open_stream
 from swarm.dht import SwarmNode
+from swarm.errors import PeerUnreachable
 from swarm.schema import Info, InfoReply, parse_reply
 from swarm.types import Route, SwarmView
 
@@ -64,8 +65,9 @@ class SwarmClient:
         """
         try:
             view = self.measured.apply(await self.view(fresh))  # no peer is faster than we measured it
+            announced = {peer_id: r.updated for peer_id, r in view.records.items()}
             return choose_route(view, self.route_rng, start=start, end=end, costs=self.costs,
-                              banned=self.bans.penalties(time.monotonic()), pages_needed=pages_needed,
+                              banned=self.bans.penalties(time.monotonic(), announced), pages_needed=pages_needed,
                               exclude=set(exclude) | self.distrusted | self._too_coarse(view))
         except NoRouteError as e:
             if fresh:
@@ -105,9 +107,15 @@ class SwarmClient:
         except Exception as e:
             logger.info("could not store the report on the DHT: %s", e)
 
-    def ban(self, peer_id: str) -> None:
+    def ban(self, peer_id: str, cause: BaseException | None = None) -> None:
+        """Avoid `peer_id` for a while; one we could not dial at all, until it announces again."""
         seconds = self.bans.ban(peer_id, time.monotonic())
-        logger.info("avoiding peer %s for %.0f s", peer_id, seconds)
+        record = self._view.records.get(peer_id) if self._view is not None else None
+        if isinstance(cause, PeerUnreachable) and record is not None:
+            self.bans.unreachable(peer_id, record.updated)
+            logger.info("avoiding peer %s until it announces again (unreachable)", peer_id)
+        else:
+            logger.info("avoiding peer %s for %.0f s", peer_id, seconds)
 
     def close(self) -> None:
         try:

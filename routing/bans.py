@@ -2,10 +2,16 @@
 
 Plain bookkeeping: every method takes `now` (seconds, any monotonic clock the caller
 owns) instead of reading a clock, so tests and the simulator replay it exactly.
+
+A peer that could not even be dialled is also avoided until it announces again: a killed
+peer's record outlives it by up to its TTL (30 s), longer than the first bans, and a record
+that was never measured looks faster than the live peers a client has measured, so a time
+ban alone sends client after client back to the corpse.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # A peer that just failed is usually restarting, overloaded, or gone; one second is long
@@ -34,6 +40,7 @@ class BanList:
             raise ValueError(f"need base > 0, factor >= 1, cap >= base; got {base}, {factor}, {cap}")
         self.base, self.factor, self.cap = base, factor, cap
         self._strikes: dict[str, _Strike] = {}
+        self._unreachable: dict[str, float] = {}  # peer id -> its announcement time when a dial failed
 
     def ban(self, peer_id: str, now: float) -> float:
         """Record a failure of `peer_id` at `now`; returns how long (s) the ban lasts."""
@@ -43,9 +50,15 @@ class BanList:
         self._strikes[peer_id] = _Strike(failures, now + duration)
         return duration
 
+    def unreachable(self, peer_id: str, announced: float) -> None:
+        """A dial to `peer_id` failed while its record said `announced` (PeerRecord.updated):
+        keep it banned, however long that takes, until a newer announcement shows it is back."""
+        self._unreachable[peer_id] = announced
+
     def forgive(self, peer_id: str) -> None:
         """A success through `peer_id`: forget its failures, so its next ban starts short again."""
         self._strikes.pop(peer_id, None)
+        self._unreachable.pop(peer_id, None)
 
     def is_banned(self, peer_id: str, now: float) -> bool:
         strike = self._strikes.get(peer_id)
@@ -56,11 +69,26 @@ class BanList:
         strike = self._strikes.get(peer_id)
         return 0.0 if strike is None else max(0.0, strike.until - now)
 
-    def penalties(self, now: float) -> dict[str, float]:
+    def penalties(self, now: float, announced: Mapping[str, float] | None = None) -> dict[str, float]:
         """Peer id -> ban level (its consecutive failures) for peers banned at `now`.
 
         Pass it to plan_route(banned=...): each level adds RouteCosts.ban_penalty seconds,
         so a peer that failed more often is avoided harder when every option is banned.
         Expired bans are not listed, but their failures are remembered until forgive().
+
+        `announced` (peer id -> PeerRecord.updated in the view being routed on) adds the peers
+        marked unreachable that have not announced since, each above every merely failing peer
+        (its failures + the highest of their levels): a peer that refused a step is likelier alive
+        than one we could not dial. Unreachable peers that announced again, or left the view, are
+        forgotten as unreachable.
         """
-        return {p: float(s.failures) for p, s in sorted(self._strikes.items()) if now < s.until}
+        levels = {p: float(s.failures) for p, s in self._strikes.items() if now < s.until}
+        if announced is not None:
+            worst_reachable = max((v for p, v in levels.items() if p not in self._unreachable), default=0.0)
+            for peer_id, when in list(self._unreachable.items()):
+                if peer_id not in announced or announced[peer_id] > when:
+                    del self._unreachable[peer_id]
+                    continue
+                strike = self._strikes.get(peer_id)
+                levels[peer_id] = (float(strike.failures) if strike is not None else 1.0) + worst_reachable
+        return dict(sorted(levels.items()))

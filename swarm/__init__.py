@@ -2,7 +2,7 @@
 
 Files and the concept each one owns:
   types.py       plain data: LayerRange, PeerState, PeerRecord, SwarmView, Hop, Route (no I/O, no torch)
-  errors.py      ProtocolError (+ FrameTooLarge, FrameTimeout), ConnectionClosed, RemoteError
+  errors.py      ProtocolError (+ FrameTooLarge, FrameTimeout), ConnectionClosed, PeerUnreachable, RemoteError
   framing.py     read_frame / write_frame: 4-byte big-endian length + payload; payload deadline, ByteBudget
   codec.py       Limits (bytes, objects, depth, time, per remote), encode/decode_message, encode/decode_tensor
   messages.py    PROTOCOL_NAME, message type constants, ERROR_CODES, require_* field validators
@@ -32,6 +32,7 @@ _LAZY = {
     "ProtocolError": "swarm.errors",
     "FrameTooLarge": "swarm.errors",
     "ConnectionClosed": "swarm.errors",
+    "PeerUnreachable": "swarm.errors",
     "RemoteError": "swarm.errors",
     "read_frame": "swarm.framing",
     "write_frame": "swarm.framing",

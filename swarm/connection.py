@@ -15,7 +15,14 @@ from typing import Any
 
 from swarm.auth import SwarmKey
 from swarm.codec import Limits, decode_message, encode_message
-from swarm.errors import ConnectionClosed, FrameTimeout, FrameTooLarge, ProtocolError, RemoteError
+from swarm.errors import (
+    ConnectionClosed,
+    FrameTimeout,
+    FrameTooLarge,
+    PeerUnreachable,
+    ProtocolError,
+    RemoteError,
+)
 from swarm.framing import ByteBudget, read_frame, write_frame
 from swarm.messages import AUTH, AUTHORIZED, ERROR, PROTOCOL_NAME
 
@@ -116,7 +123,7 @@ async def open_stream(
     try:
         _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), name)
     except Exception as e:  # p2pd's ControlFailure (dial failed, no handler) and friends
-        raise ConnectionError(f"cannot open a stream to {peer_id}: {e}") from e
+        raise PeerUnreachable(f"cannot open a stream to {peer_id}: {e}") from e
     stream = PeerStream(reader, writer, limits, remote_peer_id=peer_id)
     if swarm_key is not None:
         proof = swarm_key.stream_proof(peer_id, p2p.peer_id.to_base58())

@@ -51,6 +51,11 @@ class FrameTimeout(ProtocolError):
         self.declared = declared
 
 
+class PeerUnreachable(ConnectionError):
+    """No stream could be opened to a peer at all (every dial failed, or it runs no handler):
+    it is gone or unreachable, unlike a stream that breaks mid-request."""
+
+
 class ConnectionClosed(ConnectionError):
     """The stream ended. `clean` is True at a frame boundary, False when a frame was cut short."""
 

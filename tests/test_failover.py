@@ -131,3 +131,36 @@ def test_generation_survives_a_failing_peer(twins: TwinSwarm, prompt_and_expecte
         if injector is not None and injector.victim is not None:
             twins.victims.append(injector.victim)  # the next case starts with four healthy peers
     assert torch.equal(out, expected)
+
+
+def test_a_killed_peers_record_is_dialled_once_not_once_per_session(tiny_model_factory, local_swarm: LocalSwarm) -> None:
+    """Two peers serve every layer with the default TTL (30 s); the one announcing the higher
+    throughput is killed, so its record outlives it and still looks like the fastest route. Four
+    sessions in a row, each started after the previous one's time bans (1-2 s) ran out: only the
+    first dials the corpse; the client then avoids it until it announces again (it never does).
+    Every session's tokens equal transformers'."""
+    model_path = tiny_model_factory("llama")
+    local_swarm.start_dht()
+    peers = [local_swarm.start_peer(model_path, "0:4", wait=False) for _ in range(2)]
+    for peer in peers:
+        local_swarm.wait_online(peer)
+    ids = torch.randint(3, 300, (1, 6), generator=torch.Generator().manual_seed(5))
+    expected = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().generate(
+        ids, max_new_tokens=4, do_sample=False)
+    model = DistributedModel.from_pretrained(model_path, local_swarm.initial_peers)
+    try:
+        view = model.loop.run(model.swarm.view(fresh=True), timeout=30)
+        assert len(view.online()) == 2
+        fastest = max(view.online(), key=lambda r: r.throughput).peer_id
+        next(p for p in peers if p.peer_id == fastest).kill()
+        retries = []
+        for _ in range(4):
+            time.sleep(2.5)  # longer than the first two time bans: only the unreachable mark holds
+            with model.inference_session(max_length=16) as session:
+                assert torch.equal(model.generate(ids, max_new_tokens=4, session=session), expected)
+                retries.append(session.stats.retries)
+        stale = model.loop.run(model.swarm.view(fresh=True), timeout=30)
+    finally:
+        model.close()
+    assert fastest in stale.records, "the dead peer's record expired mid-test: nothing was tested"
+    assert retries == [1, 0, 0, 0], f"dials of the dead peer per session: {retries}"

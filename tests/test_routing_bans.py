@@ -52,3 +52,37 @@ def test_penalties_steer_plan_route() -> None:
     bans.ban("fast", now=0.0)
     assert hops(plan_route(v, banned=bans.penalties(0.5))) == [("slow", "0:4")]
     assert hops(plan_route(v, banned=bans.penalties(1.0))) == [("fast", "0:4")]
+
+
+def test_an_unreachable_peer_stays_banned_until_it_announces_again() -> None:
+    bans = BanList()
+    bans.ban("dead", now=0.0)
+    bans.unreachable("dead", announced=50.0)
+    assert bans.penalties(10.0) == {}, "without a view, only time bans are listed"
+    assert bans.penalties(10.0, {"dead": 50.0}) == {"dead": 1.0}, "its 1 s ban is long over"
+    assert bans.penalties(20.0, {"dead": 50.0}) == {"dead": 1.0}
+    assert bans.penalties(21.0, {"dead": 61.0}) == {}, "a newer announcement: it is back"
+    assert bans.penalties(22.0, {"dead": 50.0}) == {}, "and it stays forgiven as unreachable"
+
+
+def test_an_unreachable_peer_ranks_below_every_merely_failing_peer() -> None:
+    bans = BanList()
+    for _ in range(3):
+        bans.ban("flaky", now=0.0)  # refused three steps: level 3 until t = 4
+    bans.ban("dead", now=0.0)
+    bans.unreachable("dead", announced=7.0)
+    assert bans.penalties(1.0, {"flaky": 5.0, "dead": 7.0}) == {"dead": 4.0, "flaky": 3.0}
+    assert bans.penalties(5.0, {"flaky": 5.0, "dead": 7.0}) == {"dead": 1.0}
+    v = view(4, rec("dead", "0:4", 100.0), rec("flaky", "0:4", 1.0))
+    assert hops(plan_route(v, banned=bans.penalties(1.0, {"flaky": 5.0, "dead": 7.0}))) == [("flaky", "0:4")]
+
+
+def test_an_unreachable_peer_is_forgotten_once_its_record_is_gone_or_it_is_forgiven() -> None:
+    bans = BanList()
+    bans.unreachable("gone", announced=1.0)
+    bans.unreachable("fine", announced=1.0)
+    assert bans.penalties(0.0, {"gone": 1.0, "fine": 1.0}) == {"fine": 1.0, "gone": 1.0}
+    assert bans.penalties(0.0, {"fine": 1.0}) == {"fine": 1.0}
+    assert bans.penalties(0.0, {"gone": 1.0, "fine": 1.0}) == {"fine": 1.0}, "'gone' left the view: forgotten"
+    bans.forgive("fine")
+    assert bans.penalties(0.0, {"gone": 1.0, "fine": 1.0}) == {}
