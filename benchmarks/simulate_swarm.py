@@ -59,7 +59,6 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -204,10 +203,13 @@ class _Swarm:
         self.staying_thr = [0.0] * num_layers
         self.standby_n = [0] * num_layers
         self.standby_at = [0] * num_layers
+        self.guarded = [False] * num_layers  # standby_at > 0 (routing.guarded_layers)
         self.uncovered = num_layers
         self.gpu_uncovered = num_layers
         self.gaps_opened = 0
         self.placements = 0  # changes of balancing's view so far: keys what is computed once per view
+        self._tiers: dict[int, tuple[int, list[float]]] = {}  # k -> (placements, at_least(k))
+        self._thin_limit = (-1, 0.0)  # (placements, thin_limit())
 
     def place(self, p: _Peer, sign: int) -> None:
         self.placements += 1
@@ -225,12 +227,23 @@ class _Swarm:
                 tier_thr[layer] = 0.0
 
     def at_least(self, k: int) -> list[float]:
-        """Balancing throughput of the peers holding at least k layers (routing.balance's tiers)."""
+        """Balancing throughput of the peers holding at least k layers (routing.balance's tiers);
+        computed once per placement and shared: callers copy before changing it."""
+        cached = self._tiers.get(k)
+        if cached is not None and cached[0] == self.placements:
+            return cached[1]
         thr = [0.0] * len(self.thr)
         for size, tier in self.thr_by_k.items():
             if size >= k:
                 thr = [a + b for a, b in zip(thr, tier)]
+        self._tiers[k] = (self.placements, thr)
         return thr
+
+    def place_standby(self, span: LayerRange, sign: int) -> None:
+        """A standby placed on (sign > 0) or taken off `span` (loading or serving there)."""
+        for layer in range(span.start, span.end):
+            self.standby_at[layer] += sign
+            self.guarded[layer] = self.standby_at[layer] > 0
 
     def serve(self, span: LayerRange, p: _Peer, sign: int) -> None:
         for layer in range(span.start, span.end):
@@ -264,7 +277,9 @@ class _Swarm:
 
     def thin_limit(self) -> float:
         """routing.thin_layers' limit: THIN_SHARE of the mean layer throughput balancing counts."""
-        return THIN_SHARE * sum(self.thr) / len(self.thr)
+        if self._thin_limit[0] != self.placements:
+            self._thin_limit = (self.placements, THIN_SHARE * sum(self.thr) / len(self.thr))
+        return self._thin_limit[1]
 
     def thin(self, span: LayerRange | None = None) -> bool:
         """Is some layer (of `span`) thin: its staying servers below thin_limit? Gaps count too."""
@@ -273,22 +288,6 @@ class _Swarm:
 
     def covered_without(self, p: _Peer) -> bool:
         return all(self.staying_n[layer] > 0 for layer in range(p.layers.start, p.layers.end))
-
-
-class _Guarded:
-    """Layers a standby serves or loads (routing.guarded_layers), read lazily from the standby counts."""
-
-    def __init__(self, standby_at: list[int]) -> None:
-        self.standby_at = standby_at
-
-    def __getitem__(self, layer: int) -> bool:
-        return self.standby_at[layer] > 0
-
-    def __iter__(self) -> Iterator[bool]:
-        return (n > 0 for n in self.standby_at)
-
-    def __len__(self) -> int:
-        return len(self.standby_at)
 
 
 class _Without:
@@ -325,7 +324,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         p.k = min(p.k, num_layers)
     swarm = _Swarm(num_layers)
     counts = swarm.counted if cfg.redundancy_aware else None
-    guarded = _Guarded(swarm.standby_at) if cfg.standby_share > 0 and cfg.guard_discount else None
+    guarded = swarm.guarded if cfg.standby_share > 0 and cfg.guard_discount else None
     peers: dict[str, _Peer] = {}
     expiring: dict[str, _Peer] = {}  # gone abruptly, record not yet expired
     events: list[tuple[float, int, str, str, int]] = []
@@ -375,11 +374,9 @@ def simulate(cfg: SimConfig) -> SimResult:
             swarm.serve_standby(sb.serving, -1)
             sb.serving = None
         if sb.layers is not None:
-            for layer in range(sb.layers.start, sb.layers.end):
-                swarm.standby_at[layer] -= 1
+            swarm.place_standby(sb.layers, -1)
         sb.layers, sb.generation = target, sb.generation + 1
-        for layer in range(target.start, target.end):
-            swarm.standby_at[layer] += 1
+        swarm.place_standby(target, +1)
         if instant:
             sb.serving = target
             swarm.serve_standby(target, +1)
@@ -464,8 +461,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         if sb is not None:  # a standby leaves with its host
             if sb.serving is not None:
                 swarm.serve_standby(sb.serving, -1)
-            for layer in range(sb.layers.start, sb.layers.end):
-                swarm.standby_at[layer] -= 1
+            swarm.place_standby(sb.layers, -1)
         if not p.draining:  # a drained peer announced OFFLINE and left balancing when it started draining
             expiring[p.peer_id] = p
             # The last announcement was 0-10 s ago, so the record outlives its peer by 20-30 s.

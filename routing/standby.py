@@ -49,8 +49,9 @@ def standby_window(
     prefix = [0.0]
     for value in weight:
         prefix.append(prefix[-1] + value)
-    best = max(range(total - k + 1), key=lambda s: (prefix[s + k] - prefix[s], -s))
-    best_score = prefix[best + k] - prefix[best]
+    scores = [prefix[s + k] - prefix[s] for s in range(total - k + 1)]
+    best_score = max(scores)
+    best = scores.index(best_score)  # ties: the lowest start
     if current is None:
         if best_score == 0:
             best = min(range(total - k + 1), key=lambda s: (sum(standbys[s : s + k]), s))
