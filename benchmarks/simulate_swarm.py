@@ -59,16 +59,17 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from benchmarks.sim_optimum import ordered_placement
+from benchmarks.sim_report import SimResult, format_table, plot
+from benchmarks.sim_swarm_state import SimPeer, SwarmArrays, WithoutPeer
 from routing import (
     DEFAULT_QUALITY,
     FLOW_MOVE_COOLDOWN_S,
     FLOW_MOVE_GAIN,
     SOLE_DISCOUNT,
-    THIN_SHARE,
     NoRouteError,
     choose_window,
     plan_flow_move,
@@ -132,175 +133,6 @@ class SimConfig:
     flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
 
 
-@dataclass
-class _Peer:
-    peer_id: str
-    k: int
-    thr: float
-    rtt: float
-    layers: LayerRange | None = None  # where balancing counts it: a mover's target
-    serving: LayerRange | None = None  # what it serves now (None while it loads)
-    draining: bool = False
-    drain_deadline: float = 0.0
-    generation: int = 0  # bumped on every move, so a stale "online" event is ignored
-    moved_at: float | None = None  # when it last moved (routing.FLOW_MOVE_COOLDOWN_S); None: never
-
-    @property
-    def loading(self) -> bool:
-        return self.serving is None
-
-
-@dataclass
-class SimResult:
-    config: dict
-    num_layers: int
-    coverage_time_fraction: float  # share of time every layer had a serving peer (ONLINE, DRAINING or standby)
-    uncovered_layer_time_fraction: float  # share of (layer x time) without one
-    bottleneck_vs_bound_mean: float  # time-average of min per-layer ONLINE throughput / bound
-    bottleneck_vs_bound_p10: float
-    migrations_per_peer_hour: float
-    joins: int
-    departures: int
-    migrations: int
-    drains: int  # graceful departures
-    drains_timed_out: int  # drains that left before their layers were covered
-    drain_s_mean: float | None  # seconds from DRAINING to leaving
-    flow_vs_bound_mean: float | None  # max flow of the ONLINE placement / capacity bound
-    spread_vs_bound_mean: float | None  # flow the spread routes carry (flow_weights) / capacity bound
-    load_spread_mean: float | None  # max / mean peer utilisation under the spread routes
-    route_cost_s_mean: float | None
-    route_hops_mean: float | None
-    route_plan_ms_mean: float | None
-    routes_failed: int
-    ordered_vs_bound: float  # max flow of benchmarks.sim_optimum.ordered_placement of the initial peers / bound
-    sole_servers_mean: float  # peers that are the only staying (ONLINE, not draining) server of a layer, time mean
-    gaps_opened: int  # times some layer lost its last serving peer (standbys included)
-    standby_only_time_fraction: float  # share of time some layer was served by standbys alone (slowly)
-    standbys_mean: float  # standbys running, time mean
-    standby_moves: int
-    wall_s: float
-    series: dict = field(default_factory=dict)
-
-
-class _Swarm:
-    """Per-layer arrays kept incrementally.
-
-    Balancing's view (ONLINE + JOINING, movers at their target, not DRAINING): thr, counted.
-    Serving (ONLINE, DRAINING too): online_thr, online_n. Staying servers (ONLINE,
-    not DRAINING): staying_n, staying_thr. A mover pauses while it loads (memory for one range only).
-    Standbys: standby_n serving, standby_at placed (loading too). uncovered: layers nobody
-    serves, standbys included; gpu_uncovered: layers no GPU peer serves.
-    """
-
-    def __init__(self, num_layers: int) -> None:
-        self.thr = [0.0] * num_layers
-        self.counted = [0] * num_layers
-        self.thr_by_k: dict[int, list[float]] = {}  # balancing throughput per peer size (tiers)
-        self.counted_by_k: dict[int, list[int]] = {}  # ... and counts, so 0 there means nobody of that size
-        self.online_thr = [0.0] * num_layers
-        self.online_n = [0] * num_layers
-        self.staying_n = [0] * num_layers
-        self.staying_thr = [0.0] * num_layers
-        self.standby_n = [0] * num_layers
-        self.standby_at = [0] * num_layers
-        self.guarded = [False] * num_layers  # standby_at > 0 (routing.guarded_layers)
-        self.uncovered = num_layers
-        self.gpu_uncovered = num_layers
-        self.gaps_opened = 0
-        self.placements = 0  # changes of balancing's view so far: keys what is computed once per view
-        self._tiers: dict[int, tuple[int, list[float]]] = {}  # k -> (placements, at_least(k))
-        self._thin_limit = (-1, 0.0)  # (placements, thin_limit())
-
-    def place(self, p: _Peer, sign: int) -> None:
-        self.placements += 1
-        n = len(self.thr)
-        tier_thr = self.thr_by_k.setdefault(p.k, [0.0] * n)
-        tier_n = self.counted_by_k.setdefault(p.k, [0] * n)
-        for layer in range(p.layers.start, p.layers.end):
-            self.counted[layer] += sign
-            self.thr[layer] += sign * p.thr
-            if self.thr[layer] < 1e-9 or not self.counted[layer]:
-                self.thr[layer] = 0.0  # no float residue: 0 must mean "nobody"
-            tier_n[layer] += sign
-            tier_thr[layer] += sign * p.thr
-            if tier_thr[layer] < 1e-9 or not tier_n[layer]:
-                tier_thr[layer] = 0.0
-
-    def at_least(self, k: int) -> list[float]:
-        """Balancing throughput of the peers holding at least k layers (routing.balance's tiers);
-        computed once per placement and shared: callers copy before changing it."""
-        cached = self._tiers.get(k)
-        if cached is not None and cached[0] == self.placements:
-            return cached[1]
-        thr = [0.0] * len(self.thr)
-        for size, tier in self.thr_by_k.items():
-            if size >= k:
-                thr = [a + b for a, b in zip(thr, tier)]
-        self._tiers[k] = (self.placements, thr)
-        return thr
-
-    def place_standby(self, span: LayerRange, sign: int) -> None:
-        """A standby placed on (sign > 0) or taken off `span` (loading or serving there)."""
-        for layer in range(span.start, span.end):
-            self.standby_at[layer] += sign
-            self.guarded[layer] = self.standby_at[layer] > 0
-
-    def serve(self, span: LayerRange, p: _Peer, sign: int) -> None:
-        for layer in range(span.start, span.end):
-            n = self.online_n[layer] + sign
-            self.online_n[layer] = n
-            self.online_thr[layer] = self.online_thr[layer] + sign * p.thr if n else 0.0
-            if n == 0 and sign < 0:
-                self.gpu_uncovered += 1
-            elif n == 1 and sign > 0:
-                self.gpu_uncovered -= 1
-            if n + self.standby_n[layer] == (1 if sign > 0 else 0):
-                self._served(sign)
-
-    def serve_standby(self, span: LayerRange, sign: int) -> None:
-        for layer in range(span.start, span.end):
-            self.standby_n[layer] += sign
-            if self.online_n[layer] + self.standby_n[layer] == (1 if sign > 0 else 0):
-                self._served(sign)
-
-    def _served(self, sign: int) -> None:
-        """A layer's first server came (sign > 0) or its last one went."""
-        if sign < 0:
-            self.gaps_opened += self.uncovered == 0
-        self.uncovered -= sign
-
-    def stay(self, span: LayerRange | None, p: _Peer, sign: int) -> None:
-        for layer in range(span.start, span.end) if span is not None else ():
-            n = self.staying_n[layer] + sign
-            self.staying_n[layer] = n
-            self.staying_thr[layer] = self.staying_thr[layer] + sign * p.thr if n else 0.0
-
-    def thin_limit(self) -> float:
-        """routing.thin_layers' limit: THIN_SHARE of the mean layer throughput balancing counts."""
-        if self._thin_limit[0] != self.placements:
-            self._thin_limit = (self.placements, THIN_SHARE * sum(self.thr) / len(self.thr))
-        return self._thin_limit[1]
-
-    def thin(self, span: LayerRange | None = None) -> bool:
-        """Is some layer (of `span`) thin: its staying servers below thin_limit? Gaps count too."""
-        values = self.staying_thr if span is None else self.staying_thr[span.start : span.end]
-        return min(values) < self.thin_limit()
-
-    def covered_without(self, p: _Peer) -> bool:
-        return all(self.staying_n[layer] > 0 for layer in range(p.layers.start, p.layers.end))
-
-
-class _Without:
-    """Per-layer staying counts or throughput without the asking peer (its `share` on its layers),
-    read lazily: plan_move reads only that peer's layers."""
-
-    def __init__(self, values: list[int] | list[float], mine: LayerRange, share: float) -> None:
-        self.values, self.mine, self.share = values, mine, share
-
-    def __getitem__(self, layer: int) -> float:
-        return self.values[layer] - (self.share if layer in self.mine else 0)
-
-
 def simulate(cfg: SimConfig) -> SimResult:
     wall0 = time.perf_counter()
     # Who arrives, when and how fast, and who leaves when (and how) come from `pop`; the swarm's
@@ -313,20 +145,20 @@ def simulate(cfg: SimConfig) -> SimResult:
     standby_rng = random.Random(f"{cfg.seed}-standby-decisions")
     weights = [c[2] for c in GPU_CLASSES]
 
-    def new_peer(index: int) -> _Peer:
+    def new_peer(index: int) -> SimPeer:
         k, median, _ = pop.choices(GPU_CLASSES, weights)[0]
-        return _Peer(f"peer{index:06d}", k, median * math.exp(pop.gauss(0, THROUGHPUT_SIGMA)),
+        return SimPeer(f"peer{index:06d}", k, median * math.exp(pop.gauss(0, THROUGHPUT_SIGMA)),
                      pop.uniform(*RTT_RANGE_S))
 
     initial = [new_peer(i) for i in range(cfg.peers)]
     num_layers = cfg.layers or max(1, round(sum(p.k for p in initial) / cfg.redundancy))
     for p in initial:
         p.k = min(p.k, num_layers)
-    swarm = _Swarm(num_layers)
+    swarm = SwarmArrays(num_layers)
     counts = swarm.counted if cfg.redundancy_aware else None
     guarded = swarm.guarded if cfg.standby_share > 0 and cfg.guard_discount else None
-    peers: dict[str, _Peer] = {}
-    expiring: dict[str, _Peer] = {}  # gone abruptly, record not yet expired
+    peers: dict[str, SimPeer] = {}
+    expiring: dict[str, SimPeer] = {}  # gone abruptly, record not yet expired
     events: list[tuple[float, int, str, str, int]] = []
     seq = 0
 
@@ -338,7 +170,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     per_hour = 3600.0
     leave_rate = cfg.churn / per_hour  # per peer per second
 
-    standbys: dict[str, _Peer] = {}  # by host peer id; `layers` is where it is placed (loading or serving)
+    standbys: dict[str, SimPeer] = {}  # by host peer id; `layers` is where it is placed (loading or serving)
     standby_moves = 0
 
     def view_servers() -> list[int]:
@@ -349,12 +181,12 @@ def simulate(cfg: SimConfig) -> SimResult:
                 servers[layer] += 1
         return servers
 
-    def host_layers(sb: _Peer) -> list[LayerRange]:
+    def host_layers(sb: SimPeer) -> list[LayerRange]:
         """Where standby sb's host serves and loads: one crash takes both, so sb guards nothing there."""
         host = peers.get(sb.peer_id)
         return [] if host is None else [span for span in {host.serving, host.layers} if span is not None]
 
-    def useless(sb: _Peer) -> list[bool]:
+    def useless(sb: SimPeer) -> list[bool]:
         out = [False] * num_layers
         for span in host_layers(sb):
             out[span.start : span.end] = [True] * len(span)
@@ -369,7 +201,7 @@ def simulate(cfg: SimConfig) -> SimResult:
                     out[layer] -= 1
         return out
 
-    def place_standby(sb: _Peer, target: LayerRange, now: float, instant: bool) -> None:
+    def place_standby(sb: SimPeer, target: LayerRange, now: float, instant: bool) -> None:
         if sb.serving is not None:
             swarm.serve_standby(sb.serving, -1)
             sb.serving = None
@@ -383,10 +215,10 @@ def simulate(cfg: SimConfig) -> SimResult:
         else:
             push(now + cfg.load_s_per_layer * sb.k, "standby_online", sb.peer_id, sb.generation)
 
-    def add_standby(host: _Peer, now: float, instant: bool) -> None:
+    def add_standby(host: SimPeer, now: float, instant: bool) -> None:
         if cfg.standby_share <= 0 or has_standby.random() >= cfg.standby_share:
             return
-        sb = _Peer(host.peer_id, host.k, 0.0, host.rtt)
+        sb = SimPeer(host.peer_id, host.k, 0.0, host.rtt)
         target = standby_window(view_servers(), guards(), sb.k, useless=useless(sb))
         assert target is not None
         standbys[sb.peer_id] = sb
@@ -427,7 +259,7 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     standby_round_due = -1.0
 
-    def admit(p: _Peer, now: float, instant: bool) -> None:
+    def admit(p: SimPeer, now: float, instant: bool) -> None:
         bottleneck = None
         if cfg.flow_join:
             placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
@@ -445,12 +277,12 @@ def simulate(cfg: SimConfig) -> SimResult:
             push(now + pop.expovariate(leave_rate), "depart", p.peer_id)
         push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
 
-    def go_online(p: _Peer) -> None:
+    def go_online(p: SimPeer) -> None:
         p.serving = p.layers
         swarm.serve(p.serving, p, +1)
         swarm.stay(p.serving, p, +1)
 
-    def leave(p: _Peer, now: float) -> None:
+    def leave(p: SimPeer, now: float) -> None:
         """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S)."""
         if p.serving is not None:
             swarm.serve(p.serving, p, -1)
@@ -469,7 +301,7 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     swarm_flow: list = [-1, (0.0, None)]  # (swarm.placements it was computed at, flow_and_bottleneck)
 
-    def try_move(p: _Peer, now: float, delay: float = 0.0) -> bool:
+    def try_move(p: SimPeer, now: float, delay: float = 0.0) -> bool:
         """Balance check of p; a move decided now starts loading after `delay` (its react wait)."""
         others, counted = _balance_arrays(swarm, p.k, cfg, counts)
         others, counted = others[:], None if counted is None else counted[:]
@@ -479,8 +311,8 @@ def simulate(cfg: SimConfig) -> SimResult:
                 counted[layer] -= 1
             if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
                 others[layer] = 0.0
-        online = _Without(swarm.staying_n, p.layers, 1)
-        staying = _Without(swarm.staying_thr, p.layers, p.thr) if cfg.thin else None
+        online = WithoutPeer(swarm.staying_n, p.layers, 1)
+        staying = WithoutPeer(swarm.staying_thr, p.layers, p.thr) if cfg.thin else None
         target = plan_move(others, online, p.layers, p.thr, cfg.quality, counted, discount=cfg.sole_discount,
                            guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit())
         if target is None and cfg.flow_moves and (p.moved_at is None or now - p.moved_at >= cfg.flow_move_cooldown_s):
@@ -513,7 +345,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         if cfg.react and urgent():
             push(now + delay + rng.uniform(0.0, WATCH_PERIOD_S * 1.25), "react")
 
-    def may_leave(p: _Peer, now: float) -> bool:
+    def may_leave(p: SimPeer, now: float) -> bool:
         """peer/drain.py: covered, and not thin without it unless nobody loads there after THIN_GRACE_S."""
         if not swarm.covered_without(p):
             return False
@@ -742,14 +574,14 @@ def _best_standby_scores(servers: list[int], standbys: list[int], sizes: set[int
     return {k: max(prefix[s + min(k, n)] - prefix[s] for s in range(n - min(k, n) + 1)) for k in sizes}
 
 
-def _balance_arrays(swarm: _Swarm, k: int, cfg: SimConfig, counts: list[int] | None) -> tuple[list[float], list[int] | None]:
+def _balance_arrays(swarm: SwarmArrays, k: int, cfg: SimConfig, counts: list[int] | None) -> tuple[list[float], list[int] | None]:
     """(per-layer throughput, counts) a peer of k layers balances on (shared lists: copy before changing)."""
     if not cfg.tiered:
         return swarm.thr, counts
     return swarm.at_least(k), counts
 
 
-def _flows(serving: list[_Peer], num_layers: int) -> tuple[float, float, float]:
+def _flows(serving: list[SimPeer], num_layers: int) -> tuple[float, float, float]:
     """(max flow of the serving placement, flow the spread split carries, its max / mean utilisation)."""
     spans = [q.serving for q in serving]
     caps = [q.thr * q.k for q in serving]
@@ -767,70 +599,6 @@ def _flows(serving: list[_Peer], num_layers: int) -> tuple[float, float, float]:
     per_flow = [w * (inverse[s.end] - inverse[s.start]) / c for s, w, c in zip(spans, weights, caps)]
     spread = 1.0 / max(per_flow)  # the flow at which the first peer is full
     return flow, spread, max(per_flow) / (sum(per_flow) / len(per_flow))
-
-
-def format_table(r: SimResult) -> str:
-    c = r.config
-    rows = [
-        ("peers / layers / redundancy", f"{c['peers']} / {r.num_layers} / {c['redundancy'] if not c['layers'] else 'n/a'}"),
-        ("simulated hours (+ warm-up) / churn per hour", f"{c['hours']} (+ {c['warmup_hours']}) / {c['churn']:.0%}"),
-        ("coverage (time all layers served)", f"{r.coverage_time_fraction:.4%}"),
-        ("uncovered layer-time", f"{r.uncovered_layer_time_fraction:.5%}"),
-        ("bottleneck / bound (mean, p10)", f"{r.bottleneck_vs_bound_mean:.1%}, {r.bottleneck_vs_bound_p10:.1%}"),
-        ("migrations per peer per hour", f"{r.migrations_per_peer_hour:.3f} ({r.migrations} moves)"),
-        ("joins / departures (graceful, timed out)", f"{r.joins} / {r.departures} ({r.drains}, {r.drains_timed_out})"),
-        ("drain time (mean)", "n/a" if r.drain_s_mean is None else f"{r.drain_s_mean:.0f} s"),
-        ("max flow / bound; spread routes / bound", "n/a" if r.flow_vs_bound_mean is None else
-         f"{r.flow_vs_bound_mean:.1%}; {r.spread_vs_bound_mean:.1%}"),
-        ("optimum bracket (one-pass placement / bound, t=0)", f"[{r.ordered_vs_bound:.1%}, 100%]"),
-        ("load spread (max / mean utilisation)", "n/a" if r.load_spread_mean is None else f"{r.load_spread_mean:.2f}"),
-        ("route cost s/token, hops (mean)",
-         "n/a" if r.route_cost_s_mean is None else f"{r.route_cost_s_mean:.3f} s, {r.route_hops_mean:.1f} hops"),
-        ("sole servers (mean peers) / gaps opened (mean s)",
-         f"{r.sole_servers_mean:.1f} / {r.gaps_opened} ({_gap_s(r):.0f} s)"),
-        ("standbys (mean) / their moves / time served by standbys alone",
-         f"{r.standbys_mean:.0f} / {r.standby_moves} / {r.standby_only_time_fraction:.3%}"),
-        ("plan_route time (mean) / failed", f"{(r.route_plan_ms_mean or 0):.1f} ms / {r.routes_failed}"),
-        ("wall time", f"{r.wall_s:.1f} s"),
-    ]
-    width = max(len(a) for a, _ in rows)
-    return "\n".join(f"{a:<{width}}  {b}" for a, b in rows)
-
-
-def _gap_s(r: SimResult) -> float:
-    """Mean seconds from a gap opening until every layer is served again."""
-    seconds = (1.0 - r.coverage_time_fraction) * r.config["hours"] * 3600.0
-    return seconds / r.gaps_opened if r.gaps_opened else 0.0
-
-
-def plot(r: SimResult, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    s = r.series
-    fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
-    axes[0].plot(s["t_h"], [100 * x for x in s["ratio"]])
-    axes[0].axhline(80, color="grey", linestyle="--", linewidth=0.8)
-    axes[0].set_ylabel("bottleneck / bound (%)")
-    axes[0].set_ylim(0, 105)
-    axes[1].plot(s["t_h"], s["uncovered_layers"], color="tab:red")
-    axes[1].set_ylabel("uncovered layers")
-    peers = r.config["peers"]
-    axes[2].plot(s["t_h"], [m / peers for m in s["migrations"]], color="tab:green")
-    axes[2].set_ylabel("moves per peer (cum.)")
-    axes[2].set_xlabel("simulated hours")
-    c = r.config
-    if c["warmup_hours"]:
-        for ax in axes:
-            ax.axvline(c["warmup_hours"], color="grey", linestyle=":", linewidth=0.8)
-        axes[0].text(c["warmup_hours"], 100, " measured from here", fontsize=8, va="top")
-    fig.suptitle(f"{c['peers']} peers, {r.num_layers} layers, churn {c['churn']:.0%}/h, seed {c['seed']}")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> SimResult:
