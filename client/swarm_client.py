@@ -5,10 +5,11 @@ All async methods run on the client's `LoopThread`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Coroutine
 from typing import Any
 
 from client.config import ClientConfig
@@ -38,6 +39,7 @@ class SwarmClient:
         self.distrusted: set[str] = set()  # peers caught returning wrong results: never used again
         self.measured = MeasuredThroughput()  # what peers really delivered to us (client/measured.py)
         self.route_rng = random.Random()  # which of the parallel routes a busy swarm's session takes
+        self._background: set[asyncio.Task[None]] = set()  # re-dials and suspect reports (kept from the GC)
         self._view: SwarmView | None = None
         self._view_time = 0.0
         self.swarm_key = SwarmKey.load(config.swarm_key) if config.swarm_key else None
@@ -108,14 +110,49 @@ class SwarmClient:
             logger.info("could not store the report on the DHT: %s", e)
 
     def ban(self, peer_id: str, cause: BaseException | None = None) -> None:
-        """Avoid `peer_id` for a while; one we could not dial at all, until it announces again."""
+        """Avoid `peer_id` for a while; one we cannot dial at all, until it announces again.
+
+        A stream that broke or timed out says little by itself (the peer may be overloaded, or
+        moving), so the peer is re-dialled beside the failover: a crash shows as a failed dial.
+        """
         seconds = self.bans.ban(peer_id, time.monotonic())
+        logger.info("avoiding peer %s for %.0f s", peer_id, seconds)
         record = self._view.records.get(peer_id) if self._view is not None else None
-        if isinstance(cause, PeerUnreachable) and record is not None:
-            self.bans.unreachable(peer_id, record.updated)
-            logger.info("avoiding peer %s until it announces again (unreachable)", peer_id)
+        if record is None:
+            return
+        if isinstance(cause, PeerUnreachable):
+            self._unreachable(peer_id, record.updated)
+        elif isinstance(cause, (ConnectionError, OSError)):  # broken streams and timeouts
+            self._beside(self._redial(peer_id, record.updated))
+
+    def _unreachable(self, peer_id: str, announced: float) -> None:
+        logger.info("peer %s cannot be dialled: avoiding it until it announces again", peer_id)
+        if self.bans.unreachable(peer_id, announced):  # news: tell the peers (once per announcement)
+            self._beside(self._report_unreachable(peer_id, announced))
+
+    async def _redial(self, peer_id: str, announced: float) -> None:
+        try:
+            stream = await asyncio.wait_for(self.open_stream(peer_id), self.config.connect_timeout)
+        except PeerUnreachable:
+            self._unreachable(peer_id, announced)
+        except Exception as e:  # reached it but no stream, or no answer in time (hung): not a crash
+            logger.debug("re-dialling %s: %s", peer_id, e)
         else:
-            logger.info("avoiding peer %s for %.0f s", peer_id, seconds)
+            await stream.close()
+
+    async def _report_unreachable(self, peer_id: str, announced: float) -> None:
+        """Suspect `peer_id` on the DHT: self-placing peers probe it and, if it is gone, take over its
+        layers before its record expires (peer/crash_watch.py)."""
+        try:
+            await self.node.report_unreachable_async(self.model_name, peer_id, announced)
+        except Exception as e:
+            logger.info("could not report peer %s as unreachable: %s", peer_id, e)
+
+    def _beside(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` on the client's loop without delaying the failover (kept referenced until done)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def close(self) -> None:
         try:

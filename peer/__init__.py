@@ -14,6 +14,8 @@
 - `push.py`: server-to-server push of a session's output to the next hop.
 - `view.py`: the `view` request: the records this peer sees for a model, as their owners signed them
   (bounded, cached DHT reads).
+- `crash_watch.py`: `CrashWatch`: the view balancing and draining decide on, less the peers clients
+  reported unreachable and that fail our own probe (a crash seen in seconds, not at record expiry).
 - `drain.py`: graceful departure: after announcing DRAINING, wait until other peers cover our layers.
 - `drain_cli.py`: `swarm-peer drain --pid`: signal a running peer to leave gracefully, wait until it exits.
 - `cli.py`: the `swarm-peer` command (`dht`, `serve`, `keygen`, `generate`, `quantize`, `drain`).

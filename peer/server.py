@@ -21,6 +21,7 @@ import torch
 
 from peer.balancer import Placement, balance_loop, choose_initial_layers, standby_loop
 from peer.config import DTYPES, PeerConfig
+from peer.crash_watch import CrashWatch
 from peer.drain import wait_until_covered
 from peer.engine import ServingEngine
 from peer.handler import ServedModel, StreamHandler
@@ -39,10 +40,12 @@ from shards.quant import memory_plan
 from shards.resolve import resolve_for_peer
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
-from swarm.connection import stream_handler
+from swarm.connection import open_stream, stream_handler
 from swarm.dht import SwarmNode
+from swarm.errors import RemoteError
 from swarm.messages import PROTOCOL_NAME
-from swarm.types import LayerRange, PeerRecord, PeerState
+from swarm.schema import Info
+from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,9 @@ def software_version() -> str:
 # decided to leave the same layers at the same moment has announced its move by then (one DHT
 # store and one get on 127.0.0.1 take milliseconds, across the Internet a few hundred).
 MOVE_CONFIRM_S = 1.0
+# A suspect peer (peer/crash_watch.py) that has not answered an `info` request within this long
+# is treated as gone: a live peer answers in milliseconds, a DHT round trip is well under it.
+PROBE_TIMEOUT_S = 3.0
 
 
 class PeerServer:
@@ -76,6 +82,9 @@ class PeerServer:
         self.loading: LayerRange | None = None  # a move's target while its weights load
         self.in_place = False  # that move freed the old layers first (announced JOINING, not moving_to)
         self.engine: ServingEngine | None = None  # None only while moving in place
+        self.limits = Limits(config.limits.max_frame_bytes, config.limits.max_tensor_elements)
+        self.crash_watch = CrashWatch(lambda: self.node.fetch_suspects_async(config.model_name), self._probe,
+                                      lambda: self.peer_id)
 
     async def start(self) -> None:
         cfg = self.config
@@ -107,7 +116,6 @@ class PeerServer:
             batch_window=cfg.batch_window, enabled=cfg.batching,
         )
         self.scheduler.start()
-        self.limits = Limits(cfg.limits.max_frame_bytes, cfg.limits.max_tensor_elements)
         self.push_links = PushLinks(self.p2p, self.limits, cfg.step_timeout, self.swarm_key)
         self.handler = StreamHandler(
             ServedModel(self.layers, self.model_config.hidden_size, DTYPES[cfg.dtype]),
@@ -135,13 +143,36 @@ class PeerServer:
         return Placement(
             config=cfg,
             model_config=self.model_config,
-            fetch_view=lambda: self.node.fetch_view_async(cfg.model_name, self.model_config.num_layers),
+            fetch_view=self._balancing_view,
             peer_id=lambda: self.peer_id,
             visible_maddrs=self.visible_maddrs,
             layers=lambda: self.layers,
             throughput=lambda: self.throughput,
             migrate=self.migrate,
         )
+
+    async def _balancing_view(self) -> SwarmView:
+        """The view balancing and draining decide on: the DHT's, less the records of peers that
+        clients reported unreachable and that do not answer us either (peer/crash_watch.py)."""
+        view = await self.node.fetch_view_async(self.config.model_name, self.model_config.num_layers)
+        return await self.crash_watch.screen(view)
+
+    async def _probe(self, peer_id: str) -> bool:
+        """Does `peer_id` answer an `info` request (even with an error frame) within PROBE_TIMEOUT_S?"""
+        try:
+            stream = await asyncio.wait_for(
+                open_stream(self.p2p, peer_id, self.limits, swarm_key=self.swarm_key, timeout=PROBE_TIMEOUT_S),
+                PROBE_TIMEOUT_S)
+            try:
+                await stream.request(Info().to_wire(), PROBE_TIMEOUT_S)
+            finally:
+                await stream.close()
+        except RemoteError:
+            return True
+        except Exception as e:
+            logger.debug("probe of %s failed: %s", peer_id, e)
+            return False
+        return True
 
     async def _build_engine(self, layers: LayerRange) -> tuple[ServingEngine, float]:
         """Load layers, allocate their cache, capture graphs and measure tokens/s: all off the event loop.
@@ -214,7 +245,7 @@ class PeerServer:
         try:
             await self._announce()
             await asyncio.sleep(MOVE_CONFIRM_S)
-            view = await self.node.fetch_view_async(self.config.model_name, self.model_config.num_layers)
+            view = await self._balancing_view()
             if not covered_without(view, self.peer_id, self.layers):
                 logger.info("another peer is leaving layers of %s at the same time: staying there for now",
                             self.layers)

@@ -50,10 +50,13 @@ class BanList:
         self._strikes[peer_id] = _Strike(failures, now + duration)
         return duration
 
-    def unreachable(self, peer_id: str, announced: float) -> None:
+    def unreachable(self, peer_id: str, announced: float) -> bool:
         """A dial to `peer_id` failed while its record said `announced` (PeerRecord.updated):
-        keep it banned, however long that takes, until a newer announcement shows it is back."""
+        keep it banned, however long that takes, until a newer announcement shows it is back.
+        True when this is news (not already marked for that announcement)."""
+        new = self._unreachable.get(peer_id) != announced
         self._unreachable[peer_id] = announced
+        return new
 
     def forgive(self, peer_id: str) -> None:
         """A success through `peer_id`: forget its failures, so its next ban starts short again."""

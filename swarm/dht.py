@@ -4,6 +4,7 @@ DHT key layout (documented in docs/protocol.md); OWNED(x) is `x + "[owner:<write
   layerswarm/v1/model/{model}   subkey = OWNED(peer id)     value = PeerRecord.to_dict()
   layerswarm/v1/models          subkey = OWNED(model tag)   value = {"model": str, "num_layers": int}
   layerswarm/v1/reports/{model} subkey = OWNED(peer id)     value = {peer_id, reporter, reason, time}
+  layerswarm/v1/suspects/{model} subkey = OWNED(peer id)    value = {peer_id, reporter, announced, time}
 Only the owner's key can write an owned subkey (signed records, swarm/records.py); readers keep a
 value only when its owner is the peer it names, and range-check every field (PeerRecord.from_dict).
 In a private swarm (`swarm_key`), each key is replaced by `SwarmKey.dht_key(key)`, the model tag
@@ -45,6 +46,9 @@ MODELS_KEY = f"{KEY_PREFIX}/models"
 
 
 REPORT_TTL = MAX_TTL  # a report of a lying peer stays visible for an hour
+# A report that a peer could not be dialled matters until the peers have probed it (one watch
+# period, peer/balancer.py) or its record has expired (its TTL, 30 s by default) anyway.
+SUSPECT_TTL = 60.0
 MAX_VALUES_READ = 4096  # subkeys of one key parsed per read; a flood of signed junk costs no more
 
 
@@ -54,6 +58,10 @@ def model_key(model: str) -> str:
 
 def reports_key(model: str) -> str:
     return f"{KEY_PREFIX}/reports/{model}"
+
+
+def suspects_key(model: str) -> str:
+    return f"{KEY_PREFIX}/suspects/{model}"
 
 
 class SwarmNode:
@@ -226,25 +234,45 @@ class SwarmNode:
             opened[owner] = value
         return opened
 
-    # ---- reports of peers caught returning wrong results -----------------------------------------
+    # ---- reports about other peers: each reporter's own word, under a subkey only it can write --
+    async def _accuse(self, key_name: str, peer_id: str, fields: dict[str, Any], ttl: float) -> bool:
+        key = self._key(key_name)
+        value = {"peer_id": peer_id, "reporter": self.peer_id, **fields, "time": time.time()}
+        return bool(await self.dht.store(key, self._seal(value, key), get_dht_time() + ttl,
+                                         subkey=self.signer.owned(peer_id), return_future=True))
+
+    async def _accusations(self, key_name: str) -> Iterable[tuple[str, dict[str, Any]]]:
+        """(accused peer id, value) of the reports under `key_name` that are their reporter's own
+        word about the peer they name, with a finite `time`: the key's other fields are unchecked."""
+        key = self._key(key_name)
+        found = self._unseal(await self.dht.get(key, latest=True, return_future=True), key)
+        return [(accused, value) for (accused, reporter), value in found.items()
+                if isinstance(value, dict) and value.get("peer_id") == accused and value.get("reporter") == reporter
+                and _finite(value.get("time"))]
+
     async def report_async(self, model: str, peer_id: str, reason: str) -> bool:
         """Tell the swarm (and its monitor) that `peer_id` returned wrong results to us."""
-        key = self._key(reports_key(model))
-        value = {"peer_id": peer_id, "reporter": self.peer_id, "reason": reason[:200], "time": time.time()}
-        return bool(await self.dht.store(key, self._seal(value, key), get_dht_time() + REPORT_TTL,
-                                         subkey=self.signer.owned(peer_id), return_future=True))
+        return await self._accuse(reports_key(model), peer_id, {"reason": reason[:200]}, REPORT_TTL)
 
     async def fetch_reports_async(self, model: str) -> dict[str, list[dict[str, Any]]]:
         """peer id -> the reports against it (one per reporter), newest data from the DHT."""
-        key = self._key(reports_key(model))
         out: dict[str, list[dict[str, Any]]] = {}
-        found = self._unseal(await self.dht.get(key, latest=True, return_future=True), key)
-        for (accused, reporter), value in found.items():
-            # A report is only believed as the reporter's own word about the peer it names.
-            if (isinstance(value, dict) and value.get("peer_id") == accused and value.get("reporter") == reporter
-                    and isinstance(value.get("reason"), str) and len(value["reason"]) <= 200
-                    and type(value.get("time")) in (int, float) and math.isfinite(value["time"])):
+        for accused, value in await self._accusations(reports_key(model)):
+            if isinstance(value.get("reason"), str) and len(value["reason"]) <= 200:
                 out.setdefault(accused, []).append(value)
+        return out
+
+    async def report_unreachable_async(self, model: str, peer_id: str, announced: float) -> bool:
+        """Tell the peers that we could not dial `peer_id` as announced at `announced` (its record's
+        `updated`). A claim, not a verdict: each peer probes the suspect itself (peer/crash_watch.py)."""
+        return await self._accuse(suspects_key(model), peer_id, {"announced": announced}, SUSPECT_TTL)
+
+    async def fetch_suspects_async(self, model: str) -> dict[str, float]:
+        """peer id -> the newest of its announcements some reporter could not dial."""
+        out: dict[str, float] = {}
+        for accused, value in await self._accusations(suspects_key(model)):
+            if _finite(value.get("announced")):
+                out[accused] = max(out.get(accused, -math.inf), float(value["announced"]))
         return out
 
     # ---- fetch ------------------------------------------------------------------------------
@@ -304,6 +332,11 @@ class SwarmNode:
             else:
                 logger.debug(f"dropping malformed registry entry {tag!r:.100}: {value!r:.200}")
         return {model: _most_announced(counts) for model, counts in votes.items()}
+
+
+def _finite(value: Any) -> bool:
+    """A real number (bool excluded), neither NaN nor infinite: what a report's times must be."""
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 def _subkey_values(found: Any) -> Mapping[Any, Any]:

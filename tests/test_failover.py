@@ -82,18 +82,18 @@ def prompt_and_expected(twins: TwinSwarm) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class FaultAtToken:
-    """A streamer that injects `fault` into the first hop's peer when token FAULT_AT arrives."""
+    """A streamer that injects `fault` into the first hop's peer when token `at` arrives."""
 
     def __init__(self, session: InferenceSession, peers: dict[str, tuple[SwarmProcess, str]],
-                 fault: Callable[[SwarmProcess], None]):
-        self.session, self.peers, self.fault = session, peers, fault
+                 fault: Callable[[SwarmProcess], None], at: int = FAULT_AT):
+        self.session, self.peers, self.fault, self.at = session, peers, fault, at
         self.tokens = 0
         self.victim: SwarmProcess | None = None
         self.failovers_before = -1
 
     def put(self, value: torch.Tensor) -> None:
         self.tokens += 1
-        if self.tokens == FAULT_AT + 1:  # the first put is the prompt
+        if self.tokens == self.at + 1:  # the first put is the prompt
             self.victim = self.peers[self.session.hops[0].peer_id][0]
             self.failovers_before = self.session.stats.failovers
             self.fault(self.victim)
@@ -164,3 +164,34 @@ def test_a_killed_peers_record_is_dialled_once_not_once_per_session(tiny_model_f
         model.close()
     assert fastest in stale.records, "the dead peer's record expired mid-test: nothing was tested"
     assert retries == [1, 0, 0, 0], f"dials of the dead peer per session: {retries}"
+
+
+def test_a_peer_that_crashes_mid_generation_is_reported_as_a_suspect(tiny_model_factory, local_swarm: LocalSwarm) -> None:
+    """Two peers serve every layer; the one carrying the session is killed at token 3. The client
+    fails over to the other (same tokens as transformers), re-dials the dead one beside the
+    failover, and reports it on the DHT for the self-placing peers to probe (peer/crash_watch.py),
+    although no route had to dial it again. The live peer is not reported."""
+    model_path = tiny_model_factory("llama")
+    local_swarm.start_dht()
+    peers = [local_swarm.start_peer(model_path, "0:4", wait=False) for _ in range(2)]
+    for peer in peers:
+        local_swarm.wait_online(peer)
+    ids = torch.randint(3, 300, (1, 6), generator=torch.Generator().manual_seed(7))
+    expected = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().generate(
+        ids, max_new_tokens=8, do_sample=False)
+    model = DistributedModel.from_pretrained(model_path, local_swarm.initial_peers)
+    try:
+        with model.inference_session(max_length=32) as session:
+            injector = FaultAtToken(session, {p.peer_id: (p, "0:4") for p in peers}, lambda p: p.kill(), at=3)
+            assert torch.equal(model.generate(ids, max_new_tokens=8, session=session, streamer=injector), expected)
+            assert session.stats.failovers >= 1
+        victim = injector.victim
+        survivor = next(p for p in peers if p is not victim)
+        deadline = time.monotonic() + 20
+        while victim.peer_id not in (suspects := model.loop.run(
+                model.swarm.node.fetch_suspects_async(model.model_name), timeout=30)):
+            assert time.monotonic() < deadline, "the crashed peer was never reported"
+            time.sleep(0.3)
+        assert survivor.peer_id not in suspects
+    finally:
+        model.close()

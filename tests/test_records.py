@@ -15,7 +15,7 @@ import pytest
 from hivemind.utils import get_dht_time
 
 from swarm.auth import SwarmKey
-from swarm.dht import SwarmNode, model_key, reports_key
+from swarm.dht import SwarmNode, model_key, reports_key, suspects_key
 from swarm.identity import IdentityError, peer_id_of
 from swarm.records import MAX_TTL, owner_of
 from swarm.types import LayerRange, PeerRecord, PeerState
@@ -123,6 +123,22 @@ def test_reports_only_count_as_the_reporters_own_word(trio) -> None:
     reports = settle(lambda: asyncio.run(bootstrap.fetch_reports_async(model)), bool)
     assert list(reports) == [victim.peer_id]
     assert [r["reporter"] for r in reports[victim.peer_id]] == [attacker.peer_id]
+
+
+def test_suspects_are_the_reporters_own_word_and_the_newest_announcement_wins(trio) -> None:
+    """Two reporters suspect the victim about two announcements: the newer counts. A value under
+    another node's name, an unowned subkey, or a non-finite `announced` is dropped."""
+    bootstrap, victim, attacker = trio
+    model = unique_model()
+    assert asyncio.run(attacker.report_unreachable_async(model, victim.peer_id, 100.0))
+    assert asyncio.run(bootstrap.report_unreachable_async(model, victim.peer_id, 250.0))
+    forged = {"peer_id": attacker.peer_id, "reporter": bootstrap.peer_id, "announced": 1.0, "time": time.time()}
+    attacker.dht.store(suspects_key(model), forged, get_dht_time() + 60, subkey=attacker.signer.owned(attacker.peer_id))
+    attacker.dht.store(suspects_key(model), forged, get_dht_time() + 60, subkey=f"{attacker.peer_id}|x")
+    nan = {"peer_id": bootstrap.peer_id, "reporter": attacker.peer_id, "announced": float("nan"), "time": time.time()}
+    attacker.dht.store(suspects_key(model), nan, get_dht_time() + 60, subkey=attacker.signer.owned(bootstrap.peer_id))
+    suspects = settle(lambda: asyncio.run(victim.fetch_suspects_async(model)), lambda s: s.get(victim.peer_id) == 250.0)
+    assert suspects == {victim.peer_id: 250.0}
 
 
 def test_private_swarm_stranger_cannot_erase_or_read_members(swarm_node_factory, tmp_path) -> None:

@@ -1,0 +1,71 @@
+"""CrashWatch: drop from the balancer's view the peers that clients could not dial and we cannot either.
+
+A crashed peer's record outlives it by up to its TTL (30 s). Until the record expires, balancing
+counts the dead peer, and nobody takes over its layers even when it was their only server. Clients
+notice first: a dial that fails outright makes the client report the peer as a suspect on the DHT
+(swarm.dht.report_unreachable_async). A report is only a claim; a hostile client could accuse live
+peers. So each self-placing peer probes each suspect itself, once per announcement of it, and a
+bounded number per read. It drops the record only when its own probe fails too. The peer's
+balancing then sees the layers uncovered and reacts at once (routing.urgent_layers), as it would
+after the record expired.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from swarm.types import SwarmView
+
+logger = logging.getLogger(__name__)
+
+# Probes per view read: a flood of forged suspects costs each peer at most this many probes
+# per watch period (peer/balancer.py WATCH_PERIOD_S). 4 exceeds the crashes a swarm sees at once.
+MAX_PROBES_PER_READ = 4
+# Verdicts remembered (per peer id and announcement); older ones go first. A verdict is only
+# needed while the announcement it is about is still in the view.
+MAX_VERDICTS = 1024
+
+
+class CrashWatch:
+    """`screen(view)`: `view` minus the suspects this peer also failed to reach (see the module docstring)."""
+
+    def __init__(self, fetch_suspects: Callable[[], Awaitable[dict[str, float]]],
+                 probe: Callable[[str], Awaitable[bool]], me: Callable[[], str]) -> None:
+        self.fetch_suspects = fetch_suspects  # peer id -> the announcement (PeerRecord.updated) reported
+        self.probe = probe  # True when the peer answered
+        self.me = me
+        self._verdicts: dict[tuple[str, float], bool] = {}  # (peer id, updated) -> answered our probe
+
+    async def screen(self, view: SwarmView) -> SwarmView:
+        try:
+            suspects = await self.fetch_suspects()
+        except Exception as e:  # the DHT read failed: balance on the view as it is
+            logger.debug("could not read the suspects: %s", e)
+            return view
+        dead: set[str] = set()
+        probes = 0
+        for peer_id, announced in sorted(suspects.items()):
+            record = view.records.get(peer_id)
+            if record is None or peer_id == self.me() or record.updated > announced:
+                continue  # gone already, ourselves, or announced again since the report
+            key = (peer_id, record.updated)
+            if key not in self._verdicts:
+                if probes >= MAX_PROBES_PER_READ:
+                    continue
+                probes += 1
+                self._remember(key, await self.probe(peer_id))
+                if not self._verdicts[key]:
+                    logger.info("peer %s was reported unreachable and does not answer us either: "
+                                "balancing as if its record (layers %s) had expired", peer_id, record.layers)
+            if not self._verdicts[key]:
+                dead.add(peer_id)
+        if not dead:
+            return view
+        return replace(view, records={p: r for p, r in view.records.items() if p not in dead})
+
+    def _remember(self, key: tuple[str, float], answered: bool) -> None:
+        self._verdicts[key] = answered
+        while len(self._verdicts) > MAX_VERDICTS:
+            del self._verdicts[next(iter(self._verdicts))]
