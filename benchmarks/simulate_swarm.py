@@ -23,7 +23,11 @@ Joins and moves are tiered as in routing.balance: a peer weighs only the peers h
 least as many layers as it does (per-size arrays here). --warmup-hours runs the swarm before
 measuring, so the numbers describe its steady state rather than its first placement.
 An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
-until it expires, 2/3 to 3/3 of RECORD_TTL_S later (peers re-announce every ttl / 3).
+until it expires, 2/3 to 3/3 of RECORD_TTL_S later (peers re-announce every ttl / 3), or, when
+it was serving routes, until the crash watch drops it (peer/crash_watch.py): CRASH_SEEN_S after
+the crash (a client's failed dial, its suspect report, a peer's failed probe), whichever comes
+first; the next watch read then reacts. The swarm is taken as busy, so every serving peer carries
+some session that notices its crash (--no-crash-watch: records always last until they expire).
 Reaction, timed as peer/balancer.py does: peers re-read the DHT every WATCH_PERIOD_S (+-25%)
 and decide at once (routing.urgent_layers) when some layer has no ONLINE server: a DRAINING
 sole server, or a gap whose record expired. Peers wait REACT_DELAY_PER_LAYER_S per layer they
@@ -100,6 +104,11 @@ RTT_RANGE_S = (0.01, 0.15)  # client-to-peer round trips, uniform
 WATCH_PERIOD_S = 5.0  # peers re-read the view this often (+-25%) to spot layers nobody ONLINE serves
 REACT_DELAY_PER_LAYER_S = 0.5  # then wait this long per layer they hold before deciding
 RECORD_TTL_S = 30.0  # swarm-peer --announce-ttl; re-announced every third of it
+# From a crash until a peer's read of the view drops the record: a client's next step fails and its
+# re-dial is refused (~1 s; a vanished host: the dial's timeout), its suspect report is stored, and
+# the peer's own probe fails (peer/server.py PROBE_TIMEOUT_S = 3 s at worst). The read itself comes
+# at the next watch (WATCH_PERIOD_S, added by the reaction as for an expiry).
+CRASH_SEEN_S = 5.0
 DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are not covered
 THIN_GRACE_S = 10.0  # peer/drain.py: covered but thin, a drainer waits this long for a replacement to start loading
 
@@ -131,6 +140,7 @@ class SimConfig:
     flow_moves: bool = True  # a peer that should_move keeps in place may move for the max flow (routing.flow_move)
     flow_move_gain: float = FLOW_MOVE_GAIN
     flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
+    crash_watch: bool = True  # a serving peer's crash is seen after CRASH_SEEN_S, not at record expiry
 
 
 def simulate(cfg: SimConfig) -> SimResult:
@@ -283,7 +293,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.stay(p.serving, p, +1)
 
     def leave(p: SimPeer, now: float) -> None:
-        """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S)."""
+        """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S) or the crash watch drops it."""
         if p.serving is not None:
             swarm.serve(p.serving, p, -1)
             if not p.draining:
@@ -297,7 +307,10 @@ def simulate(cfg: SimConfig) -> SimResult:
         if not p.draining:  # a drained peer announced OFFLINE and left balancing when it started draining
             expiring[p.peer_id] = p
             # The last announcement was 0-10 s ago, so the record outlives its peer by 20-30 s.
-            push(now + rng.uniform(RECORD_TTL_S * 2 / 3, RECORD_TTL_S), "expire", p.peer_id)
+            expires = now + rng.uniform(RECORD_TTL_S * 2 / 3, RECORD_TTL_S)
+            if cfg.crash_watch and p.serving is not None:
+                expires = min(expires, now + CRASH_SEEN_S)
+            push(expires, "expire", p.peer_id)
 
     swarm_flow: list = [-1, (0.0, None)]  # (swarm.placements it was computed at, flow_and_bottleneck)
 
@@ -636,6 +649,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="share by which a flow move must raise the swarm's max flow (routing.FLOW_MOVE_GAIN)")
     ap.add_argument("--flow-move-cooldown", type=float, default=FLOW_MOVE_COOLDOWN_S,
                     help="seconds after its last move before a peer may make a flow move (routing.FLOW_MOVE_COOLDOWN_S)")
+    ap.add_argument("--no-crash-watch", action="store_true",
+                    help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
                     help="peers decide at once only on gaps, not thin layers, a drain leaves once covered, and a move may leave its layers thin (the rule before)")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
@@ -648,7 +663,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
                     warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
-                    flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown)
+                    flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
+                    crash_watch=not a.no_crash_watch)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"
