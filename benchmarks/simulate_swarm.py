@@ -48,7 +48,8 @@ host memory, as many layers as its GPU holds, loading as slowly. A standby place
 routing.standby_window on the layers one crash would leave dark, its host's excepted (one crash
 takes both), re-deciding at its next read of the view (WATCH_PERIOD_S) after anything changes
 them, and leaves with its host. Coverage counts a layer a standby serves as served (routes use
-it only then, slowly), and the time some layer was served by standbys alone is reported; the
+it only then, slowly; a standby that carries sessions, i.e. serves a layer no live GPU peer serves,
+does not move), and the time some layer was served by standbys alone is reported; the
 GPU peers' balancing counts standbys only as guards (no SOLE_DISCOUNT where one is; off with
 --no-guard-discount, and the GPU peers' run is the same as without standbys), and throughput
 figures leave them out (a CPU's share is negligible): while only standbys serve some layer, the
@@ -141,6 +142,7 @@ class SimConfig:
     flow_move_gain: float = FLOW_MOVE_GAIN
     flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
     crash_watch: bool = True  # a serving peer's crash is seen after CRASH_SEEN_S, not at record expiry
+    standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
 
 
 def simulate(cfg: SimConfig) -> SimResult:
@@ -249,6 +251,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         for sb in ready:
             if best[sb.k] < max(1.0, STANDBY_MARGIN * sb.k):
                 continue
+            if cfg.standby_stays_in_use and any(swarm.online_n[layer] == 0 for layer in range(sb.serving.start, sb.serving.end)):
+                continue  # it carries sessions (no live GPU server there): it stays, whatever the view lists
             others = guarded[:]
             hosted = useless(sb)
             for layer in range(sb.layers.start, sb.layers.end):
@@ -649,6 +653,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="share by which a flow move must raise the swarm's max flow (routing.FLOW_MOVE_GAIN)")
     ap.add_argument("--flow-move-cooldown", type=float, default=FLOW_MOVE_COOLDOWN_S,
                     help="seconds after its last move before a peer may make a flow move (routing.FLOW_MOVE_COOLDOWN_S)")
+    ap.add_argument("--standby-moves-in-use", action="store_true",
+                    help="a standby may move while it is some layer's last live server (the rule before)")
     ap.add_argument("--no-crash-watch", action="store_true",
                     help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
@@ -664,7 +670,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
-                    crash_watch=not a.no_crash_watch)
+                    crash_watch=not a.no_crash_watch, standby_stays_in_use=not a.standby_moves_in_use)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

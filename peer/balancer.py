@@ -49,6 +49,7 @@ class Placement:
     layers: Callable[[], LayerRange | None]
     throughput: Callable[[], float]
     migrate: Callable[[LayerRange], Awaitable[bool]]  # False: it stepped back (see PeerServer.migrate)
+    open_sessions: Callable[[], int]  # sessions open here now (a standby that has any is in use: it stays)
 
 
 async def choose_initial_layers(placement: Placement) -> LayerRange:
@@ -131,7 +132,12 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
 
 async def standby_loop(placement: Placement) -> None:
     """A standby re-reads the view every WATCH_PERIOD_S and moves to where more layers are one crash
-    from dark (routing.standby_layers): sole servers change with every departure and move."""
+    from dark (routing.standby_layers): sole servers change with every departure and move.
+
+    Never while it serves sessions: clients use a standby only where nothing else serves, so a
+    standby with sessions is the last live server of some layer, whatever the view says (a crashed
+    peer's record stays listed for seconds, up to its TTL, and would let the standby leave).
+    """
     while True:
         await asyncio.sleep(WATCH_PERIOD_S * random.uniform(1 - JITTER, 1 + JITTER))
         mine = placement.layers()
@@ -140,10 +146,15 @@ async def standby_loop(placement: Placement) -> None:
             if mine is None or placement.peer_id() not in view.records:
                 continue
             target = standby_layers(view, placement.peer_id(), len(mine), machines(view, placement))
-            if target is not None:
-                logger.info("standby: layers %s are more exposed than %s (one crash from dark): moving there",
-                            target, mine)
-                await placement.migrate(target)
+            if target is None:
+                continue
+            if (sessions := placement.open_sessions()) > 0:
+                logger.info("standby: layers %s are more exposed than %s, but %d sessions use ours: no other "
+                            "server of them answers, so staying", target, mine, sessions)
+                continue
+            logger.info("standby: layers %s are more exposed than %s (one crash from dark): moving there",
+                        target, mine)
+            await placement.migrate(target)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -149,6 +149,7 @@ class PeerServer:
             layers=lambda: self.layers,
             throughput=lambda: self.throughput,
             migrate=self.migrate,
+            open_sessions=lambda: len(self.registry.sessions),  # read only once serving (the balance loops)
         )
 
     async def _balancing_view(self) -> SwarmView:

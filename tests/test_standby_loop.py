@@ -1,0 +1,62 @@
+"""standby_loop: a standby moves to more exposed layers, but never while it serves sessions."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import peer.balancer as balancer
+from peer.balancer import Placement, standby_loop
+from peer.config import PeerConfig
+from shards.config import ModelConfig
+from swarm.types import LayerRange, PeerRecord, SwarmView
+
+
+def record(peer_id: str, layers: str, standby: bool = False) -> PeerRecord:
+    start, end = map(int, layers.split(":"))
+    return PeerRecord(peer_id, "m", LayerRange(start, end), num_layers=8, standby=standby, throughput=10.0)
+
+
+# "a" and "b" serve 4:8 twice; nobody but "solo" serves 0:4, and no standby guards it: the
+# standby "sb", on the doubly served 4:8, would guard more at 0:4.
+VIEW = SwarmView("m", 8, {r.peer_id: r for r in (record("solo", "0:4"), record("a", "4:8"), record("b", "4:8"),
+                                                  record("sb", "4:8", standby=True))})
+
+
+def run_loop(model: Path, open_sessions: int, monkeypatch: pytest.MonkeyPatch) -> list[LayerRange]:
+    """Run the loop for a few watch periods of 10 ms; the targets it migrated to."""
+    monkeypatch.setattr(balancer, "WATCH_PERIOD_S", 0.01)
+    moves: list[LayerRange] = []
+
+    async def fetch_view() -> SwarmView:
+        return VIEW
+
+    async def migrate(target: LayerRange) -> bool:
+        moves.append(target)
+        return True
+
+    placement = Placement(
+        config=PeerConfig(model, None, "m", standby=True), model_config=ModelConfig.from_pretrained(model),
+        fetch_view=fetch_view, peer_id=lambda: "sb", visible_maddrs=lambda: [], layers=lambda: LayerRange(4, 8),
+        throughput=lambda: 1.0, migrate=migrate, open_sessions=lambda: open_sessions,
+    )
+
+    async def bounded() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(standby_loop(placement), 0.3)
+
+    asyncio.run(bounded())
+    return moves
+
+
+def test_an_idle_standby_moves_to_the_more_exposed_layers(tiny_model_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    moves = run_loop(tiny_model_factory("llama", 8), open_sessions=0, monkeypatch=monkeypatch)
+    assert moves and set(moves) == {LayerRange(0, 4)}
+
+
+def test_a_standby_serving_sessions_stays_whatever_the_view_says(tiny_model_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Clients use a standby only where nothing else serves: its sessions say "a" and "b" are gone,
+    # even while their records are still listed.
+    assert run_loop(tiny_model_factory("llama", 8), open_sessions=2, monkeypatch=monkeypatch) == []
