@@ -18,7 +18,7 @@ from client.measured import MeasuredThroughput
 from routing import BanList, NoRouteError, RouteCosts, choose_route
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
-from swarm.connection import PeerStream, open_stream
+from swarm.connection import PeerStream, answers, open_stream
 from swarm.dht import SwarmNode
 from swarm.errors import PeerUnreachable
 from swarm.schema import Info, InfoReply, parse_reply
@@ -113,7 +113,7 @@ class SwarmClient:
         """Avoid `peer_id` for a while; one we cannot dial at all, until it announces again.
 
         A stream that broke or timed out says little by itself (the peer may be overloaded, or
-        moving), so the peer is re-dialled beside the failover: a crash shows as a failed dial.
+        moving), so the peer is asked for its `info` beside the failover: a crash shows as no answer.
         """
         seconds = self.bans.ban(peer_id, time.monotonic())
         logger.info("avoiding peer %s for %.0f s", peer_id, seconds)
@@ -126,19 +126,13 @@ class SwarmClient:
             self._beside(self._redial(peer_id, record.updated))
 
     def _unreachable(self, peer_id: str, announced: float) -> None:
-        logger.info("peer %s cannot be dialled: avoiding it until it announces again", peer_id)
+        logger.info("peer %s does not answer: avoiding it until it announces again", peer_id)
         if self.bans.unreachable(peer_id, announced):  # news: tell the peers (once per announcement)
             self._beside(self._report_unreachable(peer_id, announced))
 
     async def _redial(self, peer_id: str, announced: float) -> None:
-        try:
-            stream = await asyncio.wait_for(self.open_stream(peer_id), self.config.connect_timeout)
-        except PeerUnreachable:
+        if not await answers(self.p2p, peer_id, self.limits, self.swarm_key, self.config.connect_timeout):
             self._unreachable(peer_id, announced)
-        except Exception as e:  # reached it but no stream, or no answer in time (hung): not a crash
-            logger.debug("re-dialling %s: %s", peer_id, e)
-        else:
-            await stream.close()
 
     async def _report_unreachable(self, peer_id: str, announced: float) -> None:
         """Suspect `peer_id` on the DHT: self-placing peers probe it and, if it is gone, take over its

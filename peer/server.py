@@ -40,11 +40,9 @@ from shards.quant import memory_plan
 from shards.resolve import resolve_for_peer
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
-from swarm.connection import open_stream, stream_handler
+from swarm.connection import answers, stream_handler
 from swarm.dht import SwarmNode
-from swarm.errors import RemoteError
 from swarm.messages import PROTOCOL_NAME
-from swarm.schema import Info
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
 logger = logging.getLogger(__name__)
@@ -159,21 +157,7 @@ class PeerServer:
         return await self.crash_watch.screen(view)
 
     async def _probe(self, peer_id: str) -> bool:
-        """Does `peer_id` answer an `info` request (even with an error frame) within PROBE_TIMEOUT_S?"""
-        try:
-            stream = await asyncio.wait_for(
-                open_stream(self.p2p, peer_id, self.limits, swarm_key=self.swarm_key, timeout=PROBE_TIMEOUT_S),
-                PROBE_TIMEOUT_S)
-            try:
-                await stream.request(Info().to_wire(), PROBE_TIMEOUT_S)
-            finally:
-                await stream.close()
-        except RemoteError:
-            return True
-        except Exception as e:
-            logger.debug("probe of %s failed: %s", peer_id, e)
-            return False
-        return True
+        return await answers(self.p2p, peer_id, self.limits, self.swarm_key, PROBE_TIMEOUT_S)
 
     async def _build_engine(self, layers: LayerRange) -> tuple[ServingEngine, float]:
         """Load layers, allocate their cache, capture graphs and measure tokens/s: all off the event loop.

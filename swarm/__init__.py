@@ -7,7 +7,8 @@ Files and the concept each one owns:
   codec.py       Limits (bytes, objects, depth, time, per remote), encode/decode_message, encode/decode_tensor
   messages.py    PROTOCOL_NAME, message type constants, ERROR_CODES, require_* field validators
   schema.py      the typed messages: one dataclass per message, from_wire (validated) / to_wire
-  connection.py  PeerStream (send / recv / request / close), open_stream, serve_stream, stream_handler
+  connection.py  PeerStream (send / recv / request / close), open_stream, answers (a liveness probe),
+                 serve_stream, stream_handler
                  (per-remote stream cap and frame buffer), require_auth (small first frame)
   dht.py         SwarmNode: hivemind.DHT wrapper — announce, fetch_view (+ signed values), list_models, reports
   identity.py    the node's libp2p RSA key: identity files (mode checked), peer id of a public key

@@ -24,7 +24,7 @@ from swarm.errors import (
     RemoteError,
 )
 from swarm.framing import ByteBudget, read_frame, write_frame
-from swarm.messages import AUTH, AUTHORIZED, ERROR, PROTOCOL_NAME
+from swarm.messages import AUTH, AUTHORIZED, ERROR, INFO, PROTOCOL_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +133,29 @@ async def open_stream(
             await stream.close()
             raise
     return stream
+
+
+async def answers(
+    p2p: Any, peer_id: str, limits: Limits, swarm_key: SwarmKey | None = None, timeout: float = 3.0,
+) -> bool:
+    """Does `peer_id` answer an `info` request within `timeout` s? An error frame is an answer.
+
+    A dial alone is not proof of life: a peer killed a moment ago may still have its p2pd up
+    (or one that accepts for a dead handler), and a hung peer accepts but never answers.
+    """
+    try:
+        stream = await asyncio.wait_for(open_stream(p2p, peer_id, limits, swarm_key=swarm_key, timeout=timeout),
+                                        timeout)
+        try:
+            await stream.request({"type": INFO}, timeout)
+        finally:
+            await stream.close()
+    except RemoteError:
+        return True
+    except Exception as e:
+        logger.debug("%s did not answer an info request: %s", peer_id, e)
+        return False
+    return True
 
 
 async def require_auth(stream: PeerStream, swarm_key: SwarmKey, own_peer_id: str) -> bool:

@@ -215,21 +215,30 @@ async def test_a_long_stateless_forward_does_not_freeze_decode_steps(swarm: Loca
     decoder, _ = await open_session(node, peer.peer_id, 256)
     await decoder.send(step_msg(torch.randn(4, H), 0, 0))
     await result(decoder)
+    want_x = torch.randn(800, H)  # 50 pages: with the decoder's 7, within this client's 64
+    want = Shard.from_pretrained(tiny_model, 0, 4).forward(want_x, BatchLayout([800], [0], None, 16), None)
     scorer = await open_stream(node, peer.peer_id, Limits())
-    x = torch.randn(800, H)  # 50 pages: with the decoder's 7, within this client's 64
-    forward = asyncio.ensure_future(scorer.request(
-        {"type": m.FORWARD, "hidden": encode_tensor(x), "new_tokens": [800]}, timeout=120))
-    await asyncio.sleep(0.05)  # the forward is queued or running
-    during = 0
-    for i in range(100):  # bounded; each decode step must not wait for the whole forward
-        await decoder.send(step_msg(torch.randn(1, H), 4 + i, i + 1))
-        await result(decoder)
-        if forward.done():
+    # On a loaded 2-core machine a decode step's round trip can, rarely, outlast all 13 chunks
+    # (the suite failed on it twice in ~20 runs). A scheduler that froze decodes would fail every
+    # attempt, so three attempts keep the test's meaning and lose the noise.
+    step, interleaved = 4, []
+    for _ in range(3):
+        forward = asyncio.ensure_future(scorer.request(
+            {"type": m.FORWARD, "hidden": encode_tensor(want_x), "new_tokens": [800]}, timeout=120))
+        await asyncio.sleep(0.05)  # the forward is queued or running
+        during = 0
+        for _ in range(60):  # bounded (3 x 60 positions fit the session's 256); no step may wait for the whole forward
+            await decoder.send(step_msg(torch.randn(1, H), step, step - 3))
+            await result(decoder)
+            step += 1
+            if forward.done():
+                break
+            during += 1
+        got = m.require_tensor(await forward, "hidden", Limits(), ndim=2)
+        assert (got - want).abs().max() < 1e-3, "the chunked forward equals one stateless pass"
+        interleaved.append(during)
+        if during >= 2:
             break
-        during += 1
-    got = m.require_tensor(await forward, "hidden", Limits(), ndim=2)
-    want = Shard.from_pretrained(tiny_model, 0, 4).forward(x, BatchLayout([800], [0], None, 16), None)
-    assert (got - want).abs().max() < 1e-3, "the chunked forward equals one stateless pass"
-    assert during >= 2, "decode steps waited for the whole forward"
+    assert interleaved[-1] >= 2, f"decode steps waited for the whole forward in every attempt: {interleaved}"
     await scorer.close()
     await decoder.close()

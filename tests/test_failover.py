@@ -168,7 +168,7 @@ def test_a_killed_peers_record_is_dialled_once_not_once_per_session(tiny_model_f
 
 def test_a_peer_that_crashes_mid_generation_is_reported_as_a_suspect(tiny_model_factory, local_swarm: LocalSwarm) -> None:
     """Two peers serve every layer; the one carrying the session is killed at token 3. The client
-    fails over to the other (same tokens as transformers), re-dials the dead one beside the
+    fails over to the other (same tokens as transformers), asks the dead one for its info beside the
     failover, and reports it on the DHT for the self-placing peers to probe (peer/crash_watch.py),
     although no route had to dial it again. The live peer is not reported."""
     model_path = tiny_model_factory("llama")
