@@ -133,21 +133,28 @@ def test_generation_survives_a_failing_peer(twins: TwinSwarm, prompt_and_expecte
     assert torch.equal(out, expected)
 
 
+def two_full_peers(tiny_model_factory, local_swarm: LocalSwarm, *, seed: int, new_tokens: int
+                   ) -> tuple[list[SwarmProcess], torch.Tensor, torch.Tensor, DistributedModel]:
+    """Two online peers that each serve every layer of a tiny Llama, a prompt, transformers' greedy
+    continuation of it, and a client (the caller closes it)."""
+    model_path = tiny_model_factory("llama")
+    local_swarm.start_dht()
+    peers = [local_swarm.start_peer(model_path, "0:4", wait=False) for _ in range(2)]
+    for peer in peers:
+        local_swarm.wait_online(peer)
+    ids = torch.randint(3, 300, (1, 6), generator=torch.Generator().manual_seed(seed))
+    expected = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().generate(
+        ids, max_new_tokens=new_tokens, do_sample=False)
+    return peers, ids, expected, DistributedModel.from_pretrained(model_path, local_swarm.initial_peers)
+
+
 def test_a_killed_peers_record_is_dialled_once_not_once_per_session(tiny_model_factory, local_swarm: LocalSwarm) -> None:
     """Two peers serve every layer with the default TTL (30 s); the one announcing the higher
     throughput is killed, so its record outlives it and still looks like the fastest route. Four
     sessions in a row, each started after the previous one's time bans (1-2 s) ran out: only the
     first dials the corpse; the client then avoids it until it announces again (it never does).
     Every session's tokens equal transformers'."""
-    model_path = tiny_model_factory("llama")
-    local_swarm.start_dht()
-    peers = [local_swarm.start_peer(model_path, "0:4", wait=False) for _ in range(2)]
-    for peer in peers:
-        local_swarm.wait_online(peer)
-    ids = torch.randint(3, 300, (1, 6), generator=torch.Generator().manual_seed(5))
-    expected = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().generate(
-        ids, max_new_tokens=4, do_sample=False)
-    model = DistributedModel.from_pretrained(model_path, local_swarm.initial_peers)
+    peers, ids, expected, model = two_full_peers(tiny_model_factory, local_swarm, seed=5, new_tokens=4)
     try:
         view = model.loop.run(model.swarm.view(fresh=True), timeout=30)
         assert len(view.online()) == 2
@@ -171,15 +178,7 @@ def test_a_peer_that_crashes_mid_generation_is_reported_as_a_suspect(tiny_model_
     fails over to the other (same tokens as transformers), asks the dead one for its info beside the
     failover, and reports it on the DHT for the self-placing peers to probe (peer/crash_watch.py),
     although no route had to dial it again. The live peer is not reported."""
-    model_path = tiny_model_factory("llama")
-    local_swarm.start_dht()
-    peers = [local_swarm.start_peer(model_path, "0:4", wait=False) for _ in range(2)]
-    for peer in peers:
-        local_swarm.wait_online(peer)
-    ids = torch.randint(3, 300, (1, 6), generator=torch.Generator().manual_seed(7))
-    expected = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval().generate(
-        ids, max_new_tokens=8, do_sample=False)
-    model = DistributedModel.from_pretrained(model_path, local_swarm.initial_peers)
+    peers, ids, expected, model = two_full_peers(tiny_model_factory, local_swarm, seed=7, new_tokens=8)
     try:
         with model.inference_session(max_length=32) as session:
             injector = FaultAtToken(session, {p.peer_id: (p, "0:4") for p in peers}, lambda p: p.kill(), at=3)
