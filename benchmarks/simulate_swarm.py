@@ -30,9 +30,11 @@ first; the next watch read then reacts. The swarm is taken as busy, so every ser
 some session that notices its crash (--no-crash-watch: records always last until they expire).
 Reaction, timed as peer/balancer.py does: peers re-read the DHT every WATCH_PERIOD_S (+-25%)
 and decide at once (routing.urgent_layers) when some layer has no ONLINE server: a DRAINING
-sole server, or a gap whose record expired. Peers wait REACT_DELAY_PER_LAYER_S per layer they
-hold first, so the fastest loaders move first, in parallel while gaps are left; a moving peer
-counts at its target at once (its record), so the others see the layers taken. Thin layers
+sole server, or a gap whose record expired. Peers wait first (peer/balancer.py react_delay):
+while some layer has no GPU server, REACT_DELAY_PER_LAYER_S per layer they hold, so the fastest
+loaders move first, in parallel while gaps are left; otherwise the largest peers first, which
+refill a departed large peer's range in one move (--small-first-always: the fastest always). A
+moving peer counts at its target at once (its record), so the others see the layers taken. Thin layers
 (routing.thin_layers: staying servers below THIN_SHARE of the mean layer throughput) wake them
 the same way, a draining peer whose layers would be thin without it stays while a peer
 loads there (peer/drain.py), and no peer moves away from layers it would leave thin
@@ -143,6 +145,7 @@ class SimConfig:
     flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
     crash_watch: bool = True  # a serving peer's crash is seen after CRASH_SEEN_S, not at record expiry
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
+    small_first_always: bool = False  # the fastest loaders refill first even where no layer is dark (the rule before)
 
 
 def simulate(cfg: SimConfig) -> SimResult:
@@ -473,14 +476,22 @@ def simulate(cfg: SimConfig) -> SimResult:
                 continue
             candidates = [q for q in peers.values() if not q.loading and not q.draining]
             rng.shuffle(candidates)
+            delay = {q.peer_id: 0.0 for q in candidates}
             if cfg.fast_fill:
-                # Peers wait REACT_DELAY_PER_LAYER_S x their layers before deciding (peer/balancer.py),
-                # so the fastest loaders claim the gap, several in parallel; the rest see it taken.
-                candidates.sort(key=lambda q: q.k)
+                # Peers wait before deciding (peer/balancer.py react_delay), so they decide one size
+                # after another and each sees the layers its predecessors took. While a layer has no
+                # GPU server, the fastest loaders first, several in parallel; else (--small-first-always:
+                # always) the largest first: one refills a departed large peer's range in one move.
+                largest = max((q.k for q in candidates), default=0)
+                if swarm.gpu_uncovered or cfg.small_first_always:
+                    delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * q.k for q in candidates}
+                else:
+                    delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * (largest - q.k + 1) for q in candidates}
+                candidates.sort(key=lambda q: delay[q.peer_id])
             for q in candidates:
                 if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
                     break  # every gap and thin layer has a server loading it
-                if try_move(q, now, REACT_DELAY_PER_LAYER_S * q.k if cfg.fast_fill else 0.0):
+                if try_move(q, now, delay[q.peer_id]):
                     migrations += 1
                     wake_standbys(now)
                     if not cfg.fast_fill:
@@ -655,6 +666,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="seconds after its last move before a peer may make a flow move (routing.FLOW_MOVE_COOLDOWN_S)")
     ap.add_argument("--standby-moves-in-use", action="store_true",
                     help="a standby may move while it is some layer's last live server (the rule before)")
+    ap.add_argument("--small-first-always", action="store_true",
+                    help="the fewest-layer peers refill first even when every layer has a GPU server, some thin (the rule before)")
     ap.add_argument("--no-crash-watch", action="store_true",
                     help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
@@ -670,7 +683,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
-                    crash_watch=not a.no_crash_watch, standby_stays_in_use=not a.standby_moves_in_use)
+                    crash_watch=not a.no_crash_watch, standby_stays_in_use=not a.standby_moves_in_use,
+                    small_first_always=a.small_first_always)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

@@ -30,10 +30,10 @@ JITTER = 0.25
 # halved it), is seen within seconds and decided on at once, not at the next period. A
 # draining peer waits for exactly this (peer/drain.py).
 WATCH_PERIOD_S = 5.0
-# On seeing such layers a peer waits this long per layer it holds, then decides on a fresh view.
-# Its load time grows with its layers (a move reloads them all), so the fastest loaders decide
-# first and announce the move there (peer/server.py migrate); the slower ones then see the layers
-# taken. 0.5 s: a DHT announcement is visible to others well within one step (4 vs 8 layers).
+# On seeing such layers a peer waits, then decides on a fresh view (react_delay): peers decide one
+# size after another, each step this long per layer of difference, and announce their moves
+# (peer/server.py migrate), so the next size sees the layers taken. 0.5 s: a DHT announcement is
+# visible to others well within one step (4 vs 8 layers).
 REACT_DELAY_PER_LAYER_S = 0.5
 
 
@@ -116,9 +116,9 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
         urgent = urgent_layers(view)
         if urgent and urgent != decided_on and placement.peer_id() in view.records:
             mine = placement.layers()
-            delay = REACT_DELAY_PER_LAYER_S * (len(mine) if mine is not None else 1)
+            delay = react_delay(view, len(mine) if mine is not None else 1)
             logger.info("%d layers between %d and %d have no ONLINE server or are thin (a peer is draining, "
-                        "gone or moving): deciding now (in %.1f s, after faster loaders)",
+                        "gone or moving): deciding now (in %.1f s, after the peers that should go first)",
                         len(urgent), urgent[0], urgent[-1], delay)
             await asyncio.sleep(delay)
             try:
@@ -128,6 +128,23 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
             except Exception:
                 return view
     return None
+
+
+def react_delay(view: SwarmView, my_layers: int) -> float:
+    """Seconds a peer holding `my_layers` layers waits before deciding on urgent layers.
+
+    While some layer has no ONLINE or DRAINING server but standbys (SwarmView.uncovered_layers),
+    every second stops clients or holds them to a standby's pace: the fastest loaders (the fewest
+    layers, a move reloads them all) decide first, several in parallel. Otherwise (layers thin, or
+    served only by a draining peer) a slower refill costs some throughput, not service: the
+    largest peers decide first, since one of them refills a departed large peer's range in one
+    move where 4-layer peers need one move per 4 layers, each a reload (docs/balancing.md,
+    "Who refills first").
+    """
+    if view.uncovered_layers(standbys=False):
+        return REACT_DELAY_PER_LAYER_S * my_layers
+    largest = max((len(r.layers) for r in view.online() if not r.standby), default=my_layers)
+    return REACT_DELAY_PER_LAYER_S * (max(largest - my_layers, 0) + 1)
 
 
 async def standby_loop(placement: Placement) -> None:

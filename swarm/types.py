@@ -215,11 +215,11 @@ class SwarmView:
     def peers_serving(self, layer: int) -> list[PeerRecord]:
         return [r for r in self.online() if layer in r.layers]
 
-    def uncovered_layers(self) -> list[int]:
-        """Layers no ONLINE or DRAINING peer serves."""
+    def uncovered_layers(self, *, standbys: bool = True) -> list[int]:
+        """Layers no ONLINE or DRAINING peer serves (standbys=False: no such peer but standbys)."""
         covered = [False] * self.num_layers
         for r in self.records.values():
-            if r.state not in SERVING:
+            if r.state not in SERVING or (r.standby and not standbys):
                 continue
             for layer in range(r.layers.start, min(r.layers.end, self.num_layers)):
                 covered[layer] = True

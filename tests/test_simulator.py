@@ -161,3 +161,23 @@ def test_the_crash_watch_shortens_what_a_crash_costs() -> None:
     watched, expired = dark[True][0] / dark[True][1], dark[False][0] / dark[False][1]
     assert watched < 0.8 * expired, f"mean gap {watched:.0f} s with the crash watch vs {expired:.0f} s without"
     assert standby_only[True] < 0.9 * standby_only[False]
+
+
+def test_the_largest_peers_refill_thin_layers_in_fewer_moves() -> None:
+    """Where every layer keeps a GPU server (only thin ones: a large peer departed), the largest
+    peers decide first (peer/balancer.py react_delay) and refill the range in one move, where the
+    fastest loaders (4-layer peers) need one move per 4 layers. Over seeds 3, 5, 6 (100 peers,
+    20%/h churn, half graceful, 30% standbys): 3.52 vs 4.86 moves per peer-hour summed, at a higher
+    max flow (241.5% vs 231.1% of the bound, summed), both gapless."""
+    moves = {True: 0.0, False: 0.0}  # small first always -> moves per peer-hour, summed
+    flow = {True: 0.0, False: 0.0}
+    for seed in (3, 5, 6):
+        cfg = dict(peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2, redundancy=2.0, graceful=0.5,
+                   standby_share=0.3, route_period_s=120)
+        for always in (True, False):
+            r = simulate(SimConfig(**cfg, small_first_always=always))
+            moves[always] += r.migrations_per_peer_hour
+            flow[always] += r.flow_vs_bound_mean
+            assert r.coverage_time_fraction == 1.0
+    assert moves[False] < 0.85 * moves[True], moves
+    assert flow[False] >= flow[True], flow

@@ -1,0 +1,44 @@
+"""react_delay: who decides first on urgent layers. The fastest loaders while a layer has no GPU
+server; otherwise the largest peers, which refill a departed large peer's range in one move."""
+
+from __future__ import annotations
+
+from peer.balancer import REACT_DELAY_PER_LAYER_S, react_delay
+from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
+
+
+def record(peer_id: str, start: int, end: int, *, standby: bool = False,
+           state: PeerState = PeerState.ONLINE) -> PeerRecord:
+    return PeerRecord(peer_id, "m", LayerRange(start, end), state, 10.0, num_layers=16, standby=standby)
+
+
+def swarm(*records: PeerRecord) -> SwarmView:
+    return SwarmView("m", 16, {r.peer_id: r for r in records})
+
+
+# Every layer has a GPU server; 8:16 (a departed 8-layer peer's range) is thin.
+THIN = swarm(record("big", 0, 16), record("small", 0, 4), record("mid", 0, 8))
+# Layers 8:16 are served by a standby alone: its pace, not the swarm's, until a GPU peer loads there.
+STANDBY_ONLY = swarm(record("big", 0, 8), record("small", 0, 4), record("mid", 0, 8),
+                     record("sb", 8, 16, standby=True))
+
+
+def test_the_largest_peer_decides_first_when_every_layer_has_a_gpu_server() -> None:
+    delays = {k: react_delay(THIN, k) for k in (4, 8, 16)}
+    assert delays[16] < delays[8] < delays[4]
+    assert delays[16] == REACT_DELAY_PER_LAYER_S  # the largest in the view: at once, after one step
+    assert delays[4] - delays[8] == 4 * REACT_DELAY_PER_LAYER_S  # one step per layer of difference
+
+
+def test_the_fastest_loader_decides_first_while_a_layer_has_no_gpu_server() -> None:
+    assert STANDBY_ONLY.uncovered_layers() == []  # clients are served, by the standby
+    assert STANDBY_ONLY.uncovered_layers(standbys=False) == list(range(8, 16))
+    delays = {k: react_delay(STANDBY_ONLY, k) for k in (4, 8)}
+    assert delays[4] < delays[8]
+    assert delays[4] == 4 * REACT_DELAY_PER_LAYER_S
+
+
+def test_a_draining_sole_server_still_serves_so_the_largest_decide_first() -> None:
+    draining = swarm(record("big", 0, 8), record("small", 0, 4), record("leaving", 8, 16, state=PeerState.DRAINING))
+    assert draining.uncovered_layers(standbys=False) == []
+    assert react_delay(draining, 8) < react_delay(draining, 4)
