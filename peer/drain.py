@@ -33,9 +33,10 @@ POLL_S = 1.0
 # lone peer still feels immediate.
 NO_TAKER_GRACE_S = 3.0
 # Covered but thin: others see the layers thin at their next read of the view (peer/balancer.py
-# WATCH_PERIOD_S, 5 s +-25%) and the fastest loaders announce their move after 0.5 s per layer
-# they hold; 10 s covers peers of up to 8 layers, the ones that reload fastest. Staying while one
-# loads keeps the swarm's throughput up through the departure (docs/balancing.md).
+# WATCH_PERIOD_S, 5 s +-25%); the layers being served, the largest peers decide first and announce
+# their move after 0.5 s per layer they hold fewer than the largest (react_delay); 10 s covers the
+# peers up to 8 layers smaller than it. Staying while one loads keeps the swarm's throughput up
+# through the departure (docs/balancing.md).
 THIN_GRACE_S = 10.0
 
 
