@@ -145,7 +145,7 @@ class SimConfig:
     flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
     crash_watch: bool = True  # a serving peer's crash is seen after CRASH_SEEN_S, not at record expiry
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
-    small_first_always: bool = False  # the fastest loaders refill first even where no layer is dark (the rule before)
+    small_first_always: bool = False  # the fastest loaders refill first even while every layer has a GPU server (the rule before)
 
 
 def simulate(cfg: SimConfig) -> SimResult:
