@@ -69,7 +69,9 @@ def test_helix_cluster_spread_routes_serve_near_the_placement_max_flow() -> None
 def test_tiers_raise_the_max_flow_and_the_warm_up_is_not_measured() -> None:
     # The same population (seed) under both rules; measured after a one-hour warm-up.
     # Strength moves only: flow moves (tested below) make up part of what tiers buy.
-    cfg = dict(peers=120, hours=1.0, warmup_hours=1.0, seed=0, graceful=0.5, redundancy=2.0, flow_moves=False)
+    # The refill order of the sixth session (small_first_always), as for the tests below.
+    cfg = dict(peers=120, hours=1.0, warmup_hours=1.0, seed=0, graceful=0.5, redundancy=2.0, flow_moves=False,
+               small_first_always=True)
     tiered, untiered = simulate(SimConfig(**cfg)), simulate(SimConfig(**cfg, tiered=False))
     assert tiered.flow_vs_bound_mean is not None and untiered.flow_vs_bound_mean is not None
     assert tiered.flow_vs_bound_mean > untiered.flow_vs_bound_mean + 0.1  # 66% vs 45% of the bound
@@ -82,7 +84,12 @@ def test_tiers_raise_the_max_flow_and_the_warm_up_is_not_measured() -> None:
 
 # The tests of standbys, guards, thin layers and flow moves pair their seeds with records that last
 # until they expire (crash_watch=False), the conditions they were written under; the crash watch,
-# which shortens every crash's effect and so moves every later event, has its own test below.
+# which shortens every crash's effect and so moves every later event, has its own test below. The
+# tests of tiers, thin layers and flow moves also keep the fastest loaders refilling first
+# (small_first_always): the largest-first refill (its own test at the end) saves most of the moves
+# that tiers, thin layers and flow moves pay off, so on these 120-peer swarms it narrows their
+# gains below the thresholds asserted here (seed 0: tiers +8.4 points, thin layers +1.6, flow
+# moves +0.2, against +10, +3 and +3; docs/balancing.md, "Who refills first").
 def test_standbys_serve_the_layers_an_abrupt_crash_leaves_dark() -> None:
     # Seeds 0, 3, 5, 6: without standbys a sole server's crash leaves layers dark for a reload.
     for seed in (0, 3, 5, 6):
@@ -105,7 +112,7 @@ def test_standbys_serve_the_layers_an_abrupt_crash_leaves_dark() -> None:
 def test_standby_guards_lift_the_discount_and_thin_layers_hold_drains_and_moves() -> None:
     # 120 peers at 2x, 30% of them with a standby, measured after a one-hour warm-up.
     cfg = dict(peers=120, hours=1.0, warmup_hours=1.0, graceful=0.5, redundancy=2.0, standby_share=0.3,
-               route_period_s=120, crash_watch=False)
+               route_period_s=120, crash_watch=False, small_first_always=True)
     guarded, discounted = (simulate(SimConfig(**cfg, seed=0, flow_moves=False)),
                            simulate(SimConfig(**cfg, seed=0, guard_discount=False, flow_moves=False)))
     # Where a standby guards, GPU peers spend memory on throughput instead of a second copy: about
@@ -133,7 +140,7 @@ def test_flow_moves_raise_the_max_flow_within_the_move_budget() -> None:
     # the bound. Not every draw of this small swarm gains (seed 1: 72% vs 77%); at 200 and 1,000 peers
     # every seed measured did (docs/balancing.md).
     cfg = dict(peers=120, hours=1.0, warmup_hours=1.0, graceful=0.5, redundancy=2.0, standby_share=0.3,
-               route_period_s=120, crash_watch=False)
+               route_period_s=120, crash_watch=False, small_first_always=True)
     for seed in (0, 3):
         flow, strength_only = simulate(SimConfig(**cfg, seed=seed)), simulate(SimConfig(**cfg, seed=seed, flow_moves=False))
         assert flow.flow_vs_bound_mean is not None and strength_only.flow_vs_bound_mean is not None
