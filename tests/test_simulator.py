@@ -86,9 +86,9 @@ def test_tiers_raise_the_max_flow_and_the_warm_up_is_not_measured() -> None:
 # until they expire (crash_watch=False), the conditions they were written under; the crash watch,
 # which shortens every crash's effect and so moves every later event, has its own test below. The
 # tests of tiers, thin layers and flow moves also keep the fastest loaders refilling first
-# (small_first_always): the largest-first refill (its own test at the end) saves most of the moves
-# that tiers, thin layers and flow moves pay off, so on these 120-peer swarms it narrows their
-# gains below the thresholds asserted here (seed 0: tiers +8.4 points, thin layers +1.6, flow
+# (small_first_always): the largest-first refill (its own test at the end) changes which peers move
+# after every departure, and on these 120-peer swarms it narrows their gains below the thresholds
+# asserted here (seed 0: tiers +8.4 points, thin layers +1.6, flow
 # moves +0.2, against +10, +3 and +3; docs/balancing.md, "Who refills first").
 def test_standbys_serve_the_layers_an_abrupt_crash_leaves_dark() -> None:
     # Seeds 0, 3, 5, 6: without standbys a sole server's crash leaves layers dark for a reload.
