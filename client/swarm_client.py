@@ -123,14 +123,14 @@ class SwarmClient:
         if isinstance(cause, PeerUnreachable):
             self._unreachable(peer_id, record.updated)
         elif isinstance(cause, (ConnectionError, OSError)):  # broken streams and timeouts
-            self._beside(self._redial(peer_id, record.updated))
+            self._beside(self._ask_if_alive(peer_id, record.updated))
 
     def _unreachable(self, peer_id: str, announced: float) -> None:
         logger.info("peer %s does not answer: avoiding it until it announces again", peer_id)
         if self.bans.unreachable(peer_id, announced):  # news: tell the peers (once per announcement)
             self._beside(self._report_unreachable(peer_id, announced))
 
-    async def _redial(self, peer_id: str, announced: float) -> None:
+    async def _ask_if_alive(self, peer_id: str, announced: float) -> None:
         if not await answers(self.p2p, peer_id, self.limits, self.swarm_key, self.config.connect_timeout):
             self._unreachable(peer_id, announced)
 

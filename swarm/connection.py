@@ -24,7 +24,8 @@ from swarm.errors import (
     RemoteError,
 )
 from swarm.framing import ByteBudget, read_frame, write_frame
-from swarm.messages import AUTH, AUTHORIZED, ERROR, INFO, PROTOCOL_NAME
+from swarm.messages import AUTH, AUTHORIZED, ERROR, PROTOCOL_NAME
+from swarm.schema import Info
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ async def answers(
         stream = await asyncio.wait_for(open_stream(p2p, peer_id, limits, swarm_key=swarm_key, timeout=timeout),
                                         timeout)
         try:
-            await stream.request({"type": INFO}, timeout)
+            await stream.request(Info().to_wire(), timeout)
         finally:
             await stream.close()
     except RemoteError:
