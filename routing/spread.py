@@ -144,6 +144,24 @@ def sample_route(
     return tuple(hops)
 
 
+def full_flows(spans: Sequence[LayerRange], capacities: Sequence[float], weights: Sequence[float],
+               num_layers: int) -> list[float]:
+    """Per peer, the flow F_p at which it is full when every layer splits its sessions in proportion
+    to `weights` (x[p][l] = w_p / S_l): p carries w_p * sum_{l in p} 1/S_l per unit of flow."""
+    delta = [0.0] * (num_layers + 1)
+    for span, w in zip(spans, weights):
+        delta[span.start] += w
+        delta[span.end] -= w
+    inverse = [0.0] * num_layers  # 1 / S_l
+    running = 0.0
+    for layer in range(num_layers):
+        running += delta[layer]
+        inverse[layer] = 1.0 / running
+    # Summed per span, not as a difference of prefix sums: a stretch of floored weights makes 1/S_l
+    # ~1e12 there, and prefix sums past it would round a later peer's whole span to 0.
+    return [c / (w * sum(inverse[span.start : span.end])) for span, c, w in zip(spans, capacities, weights)]
+
+
 def flow_weights(spans: Sequence[LayerRange], capacities: Sequence[float], num_layers: int) -> list[float]:
     """Per-peer weights whose per-layer proportional split carries (nearly) the max flow.
 
@@ -153,18 +171,7 @@ def flow_weights(spans: Sequence[LayerRange], capacities: Sequence[float], num_l
     weights = [c / len(span) for span, c in zip(spans, capacities)]
     best, best_flow = weights, -1.0
     for _ in range(FLOW_ROUNDS + 1):
-        delta = [0.0] * (num_layers + 1)
-        for span, w in zip(spans, weights):
-            delta[span.start] += w
-            delta[span.end] -= w
-        inverse = [0.0] * (num_layers + 1)  # prefix sums of 1 / S_l
-        running = 0.0
-        for layer in range(num_layers):
-            running += delta[layer]
-            inverse[layer + 1] = inverse[layer] + 1.0 / running
-        # Peer p carries w_p * sum_{l in p} 1/S_l per unit of flow: full at F_p.
-        full_at = [c / (w * (inverse[span.end] - inverse[span.start]))
-                   for span, c, w in zip(spans, capacities, weights)]
+        full_at = full_flows(spans, capacities, weights, num_layers)
         flow = min(full_at)
         if flow > best_flow:
             best, best_flow = weights, flow

@@ -75,6 +75,15 @@ def test_flow_weights_carry_nearly_the_max_flow_on_random_swarms() -> None:
     assert min(ratios) > 0.97 and sum(ratios) / len(ratios) > 0.995
 
 
+def test_flow_weights_survive_a_long_stretch_of_floored_weights() -> None:
+    # A sole server with little capacity over 20,000 layers: its weight falls to WEIGHT_FLOOR, so each
+    # of its layers has 1/S ~ 1e12; the next peer's one layer must still count (summing 1/S as a
+    # difference of prefix sums rounded it to 0 and divided by zero, seen in the 1,000-peer simulator).
+    spans, caps = [LayerRange(0, 20_000), LayerRange(20_000, 20_001)], [1.0, 1e6]
+    weights = flow_weights(spans, caps, 20_001)
+    assert carried(spans, caps, weights, 20_001) == pytest.approx(max_flow_of(list(zip(spans, caps)), 20_001))
+
+
 def test_routes_switch_peers_only_where_the_split_changes() -> None:
     # Two identical peers over the whole model: every route is one hop, half on each.
     v = view(8, busy("a", "0:8", 5.0, 10), busy("b", "0:8", 5.0, 10))
