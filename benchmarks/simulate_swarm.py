@@ -86,7 +86,7 @@ from routing import (
     standby_window,
 )
 from routing.flow import bottleneck_layer, flow_and_bottleneck, max_flow_of
-from routing.spread import flow_weights
+from routing.spread import flow_weights, full_flows
 from routing.standby import STANDBY_MARGIN, exposure
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
@@ -127,6 +127,7 @@ class SimConfig:
     quality: float = DEFAULT_QUALITY
     balance_period_s: float = BALANCE_PERIOD_S
     load_s_per_layer: float = LOAD_S_PER_LAYER
+    move_load_s_per_layer: float | None = None  # a move's load, GPU peer or standby (from disk: swarm-peer serve --prefetch); None: load_s_per_layer
     graceful: float = 0.0  # share of departures that drain instead of vanishing
     drain_max_s: float = DRAIN_MAX_S
     react: bool = True  # decide at once when a layer has no ONLINE server (else wait for the period)
@@ -216,7 +217,9 @@ def simulate(cfg: SimConfig) -> SimResult:
                     out[layer] -= 1
         return out
 
-    def place_standby(sb: SimPeer, target: LayerRange, now: float, instant: bool) -> None:
+    move_load_s = cfg.load_s_per_layer if cfg.move_load_s_per_layer is None else cfg.move_load_s_per_layer
+
+    def place_standby(sb: SimPeer, target: LayerRange, now: float, instant: bool, load_s: float) -> None:
         if sb.serving is not None:
             swarm.serve_standby(sb.serving, -1)
             sb.serving = None
@@ -228,7 +231,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             sb.serving = target
             swarm.serve_standby(target, +1)
         else:
-            push(now + cfg.load_s_per_layer * sb.k, "standby_online", sb.peer_id, sb.generation)
+            push(now + load_s * sb.k, "standby_online", sb.peer_id, sb.generation)
 
     def add_standby(host: SimPeer, now: float, instant: bool) -> None:
         if cfg.standby_share <= 0 or has_standby.random() >= cfg.standby_share:
@@ -237,7 +240,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         target = standby_window(view_servers(), guards(), sb.k, useless=useless(sb))
         assert target is not None
         standbys[sb.peer_id] = sb
-        place_standby(sb, target, now, instant)
+        place_standby(sb, target, now, instant, cfg.load_s_per_layer)
 
     def standby_round(now: float) -> None:
         """Every standby's next read of the view (peer/balancer.py standby_loop), taken as one round.
@@ -262,7 +265,7 @@ def simulate(cfg: SimConfig) -> SimResult:
                 others[layer] -= not hosted[layer]  # itself, where it counts as a guard
             target = standby_window(servers, others, sb.k, sb.layers, hosted)
             if target is not None:
-                place_standby(sb, target, now, instant=False)
+                place_standby(sb, target, now, False, move_load_s)
                 standby_moves += 1
                 guarded = guards()
                 best = _best_standby_scores(servers, guarded, {q.k for q in ready})
@@ -354,7 +357,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.place(p, -1)
         p.layers, p.generation, p.moved_at = target, p.generation + 1, now
         swarm.place(p, +1)
-        push(now + delay + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
+        push(now + delay + move_load_s * p.k, "online", p.peer_id, p.generation)
         return True
 
     def urgent() -> bool:
@@ -614,18 +617,9 @@ def _flows(serving: list[SimPeer], num_layers: int) -> tuple[float, float, float
     spans = [q.serving for q in serving]
     caps = [q.thr * q.k for q in serving]
     flow = max_flow_of(list(zip(spans, caps)), num_layers)
-    weights = flow_weights(spans, caps, num_layers)
-    totals = [0.0] * (num_layers + 1)
-    for span, w in zip(spans, weights):
-        totals[span.start] += w
-        totals[span.end] -= w
-    inverse = [0.0] * (num_layers + 1)
-    running = 0.0
-    for layer in range(num_layers):
-        running += totals[layer]
-        inverse[layer + 1] = inverse[layer] + 1.0 / running
-    per_flow = [w * (inverse[s.end] - inverse[s.start]) / c for s, w, c in zip(spans, weights, caps)]
-    spread = 1.0 / max(per_flow)  # the flow at which the first peer is full
+    full_at = full_flows(spans, caps, flow_weights(spans, caps, num_layers), num_layers)
+    per_flow = [1.0 / f for f in full_at]  # each peer's utilisation per unit of flow
+    spread = min(full_at)  # the flow at which the first peer is full
     return flow, spread, max(per_flow) / (sum(per_flow) / len(per_flow))
 
 
@@ -640,6 +634,11 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--redundancy", type=float, default=2.0, help="sum of layers peers hold / model layers")
     ap.add_argument("--layers", type=int, default=None, help="model layers (overrides --redundancy)")
     ap.add_argument("--quality", type=float, default=DEFAULT_QUALITY)
+    ap.add_argument("--load-s-per-layer", type=float, default=LOAD_S_PER_LAYER,
+                    help="seconds a joining peer (or its standby) takes to fetch and load one layer")
+    ap.add_argument("--move-load-s-per-layer", type=float, default=None,
+                    help="seconds per layer when a running peer or standby moves (default: --load-s-per-layer; "
+                         "lower models peers that prefetched the model to disk)")
     ap.add_argument("--balance-period", type=float, default=BALANCE_PERIOD_S, help="mean seconds")
     ap.add_argument("--graceful", type=float, default=0.0, help="share of departures that drain first")
     ap.add_argument("--drain-max", type=float, default=DRAIN_MAX_S, help="seconds a drain may wait")
@@ -677,6 +676,7 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
+                    load_s_per_layer=a.load_s_per_layer, move_load_s_per_layer=a.move_load_s_per_layer,
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
