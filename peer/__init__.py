@@ -10,6 +10,8 @@
 - `rate_limit.py`: steps per second per client.
 - `balancer.py`, `memory.py`: choosing and moving the served layers (given a `Placement` of callables,
   not the server; a `--standby` peer follows the layers one crash would leave dark); how many layers fit.
+- `prefetch.py`: a self-placing peer of a Hub model fetches every layer's files in the background, so
+  its moves load from disk.
 - `scheduler.py`: continuous batching of many sessions' steps into one forward pass.
 - `push.py`: server-to-server push of a session's output to the next hop.
 - `view.py`: the `view` request: the records this peer sees for a model, as their owners signed them

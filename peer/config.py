@@ -52,6 +52,9 @@ class PeerConfig:
     # chosen (at start and on every move), so a self-placing peer downloads only its layers.
     model_repo: str | None = None
     revision: str | None = None
+    # A self-placing peer of a Hub model fetches every layer's files in the background once it serves
+    # (shards.resolve.prefetch_layers, when the disk has room), so its moves load from disk.
+    prefetch: bool = True
     initial_peers: tuple[str, ...] = ()
     host_maddrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
     announce_maddrs: tuple[str, ...] | None = None  # what others dial (None: the daemon's own guess)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 
@@ -26,6 +27,7 @@ from peer.drain import wait_until_covered
 from peer.engine import ServingEngine
 from peer.handler import ServedModel, StreamHandler
 from peer.memory import HEADROOM, available_bytes
+from peer.prefetch import prefetch_in_background
 from peer.push import PushLinks
 from peer.rate_limit import RateLimiter
 from peer.scheduler import BatchScheduler
@@ -134,6 +136,11 @@ class PeerServer:
         if cfg.layers is None:  # a fixed --layers peer never moves
             placing = standby_loop if cfg.standby else balance_loop
             self._background.append(loop.create_task(placing(self._placement()), name="balance"))
+            if cfg.prefetch and cfg.model_repo is not None:
+                # A daemon thread, not the executor: a download cannot be cancelled, and stopping the
+                # peer must not wait for one.
+                threading.Thread(target=prefetch_in_background, args=(cfg.model_repo, cfg.revision),
+                                 name="prefetch", daemon=True).start()
 
     def _placement(self) -> Placement:
         """What the balancer may read and do: the few callables it needs, not the server."""

@@ -3,7 +3,8 @@
 A peer needs config.json and only the safetensors files holding its layers (found through the
 index's weight map); a client needs config.json, the tokenizer and generation config files and
 the files holding the embeddings, final norm and LM head. Both go through `huggingface_hub`'s
-cache, so a second start reads from disk; `HF_HOME` / `HF_HUB_CACHE`, `HF_ENDPOINT`,
+cache, so a second start reads from disk. A self-placing peer may fetch every layer's files once
+it serves (prefetch_layers), so its later moves read them from disk too. `HF_HOME` / `HF_HUB_CACHE`, `HF_ENDPOINT`,
 `HF_HUB_OFFLINE` and `HF_TOKEN` are honoured, read at call time (not at import) so a process can
 set them before its first resolution.
 """
@@ -14,6 +15,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +30,9 @@ TOKENIZER_FILES = (
     "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
 )
 LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.")
+# prefetch_layers fetches every layer only when the cache's disk has this many times the checkpoint's
+# size free: the rest of the disk is the user's, and a full disk would break the peer's own moves.
+PREFETCH_ROOM = 1.5
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
@@ -78,6 +83,40 @@ def resolve_for_client(name: str, revision: str | None = None) -> ModelSource:
         return hub.weights(lambda t: LAYER_TENSOR.match(t) is None)
 
     return _Hub.or_local(name, revision, fetch)
+
+
+@dataclass(frozen=True)
+class Prefetched:
+    """What prefetch_layers did: `files` weight files are in the cache (0 when skipped, and why)."""
+
+    files: int
+    checkpoint_bytes: int | None  # the index's total_size, when it gives one
+    skipped: str | None = None
+
+
+def prefetch_layers(repo_id: str, revision: str | None, free_bytes: int | None = None) -> Prefetched:
+    """Every layer's weight files of Hub model `repo_id` into the HF cache, so that a self-placing
+    peer's later moves load from disk rather than the network (docs/balancing.md, "Moves from disk").
+
+    Only when the cache's disk has PREFETCH_ROOM times the checkpoint's size free (`free_bytes`:
+    that free space, default measured); files already cached are not fetched again.
+    """
+    hub = _Hub(repo_id, revision)
+    hub.config()
+    index = hub.file(INDEX_NAME, optional=True)
+    if index is None:
+        return Prefetched(1, None, "a single-file checkpoint: the peer's own range already fetched all of it")
+    try:
+        size = json.loads(index.read_text()).get("metadata", {}).get("total_size")
+    except (ValueError, AttributeError) as e:
+        raise ResolveError(f"{hub._where()}: unreadable {INDEX_NAME} ({e})") from None
+    if not isinstance(size, int) or size <= 0:
+        return Prefetched(0, None, f"its {INDEX_NAME} gives no total_size, so the disk space it needs is unknown")
+    free = shutil.disk_usage(_cache_dir()).free if free_bytes is None else free_bytes
+    if free < PREFETCH_ROOM * size:
+        return Prefetched(0, size, f"the cache's disk has {free / 1e9:.1f} GB free, less than {PREFETCH_ROOM:g}x the "
+                                   f"checkpoint's {size / 1e9:.1f} GB (free space, or point HF_HOME at a larger disk)")
+    return Prefetched(len(hub.weight_files(lambda t: _in_layers(t, None))), size)
 
 
 def _in_layers(tensor: str, layers: tuple[int, int] | None) -> bool:
@@ -178,6 +217,11 @@ class _Hub:
 
     def weights(self, wanted) -> ModelSource:
         """config.json, then the index (if any) and each weight file holding a tensor `wanted` accepts."""
+        self.weight_files(wanted)
+        return self.source()
+
+    def weight_files(self, wanted) -> list[str]:
+        """Fetch what `weights` needs; returns the weight files' names."""
         self.config()
         index = self.file(INDEX_NAME, optional=True)
         if index is None:
@@ -193,4 +237,4 @@ class _Hub:
         logger.info("%s: using %d weight file(s): %s", self._where(), len(files), ", ".join(files))
         for file in files:
             self.file(file)
-        return self.source()
+        return files

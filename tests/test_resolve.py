@@ -13,7 +13,15 @@ import pytest
 import torch
 
 from shards.head import ModelHead
-from shards.resolve import ResolveError, is_hub_id, resolve_config, resolve_for_client, resolve_for_peer
+from shards.resolve import (
+    PREFETCH_ROOM,
+    ResolveError,
+    is_hub_id,
+    prefetch_layers,
+    resolve_config,
+    resolve_for_client,
+    resolve_for_peer,
+)
 from shards.shard import Shard
 from tests.hub_server import HubRepo, HubServer, split_checkpoint
 
@@ -76,6 +84,30 @@ def test_cache_is_used_offline(hub: HubServer, monkeypatch: pytest.MonkeyPatch) 
     assert again.path == first.path and hub.requests == []
     with pytest.raises(ResolveError, match=r"model-\d+-of-\d+\.safetensors unavailable: HF_HUB_OFFLINE is set"):
         resolve_for_peer(REPO, None, (2, 4))  # never downloaded
+
+
+def test_prefetch_fetches_every_layer_file_once_when_the_disk_has_room(hub: HubServer, hub_files,
+                                                                       tiny_model: Path) -> None:
+    _, weight_map = hub_files
+    layer_files = _layer_files(weight_map, range(4))
+    resolve_for_peer(REPO, None, (0, 2))  # the peer's own range first, as a serving peer has
+    hub.requests.clear()
+    done = prefetch_layers(REPO, None)
+    assert done.skipped is None and done.files == len(layer_files) == 4
+    assert hub.downloaded(REPO) == layer_files - _layer_files(weight_map, range(2))  # cached ones not again
+    source = resolve_for_peer(REPO, None, (2, 4))
+    assert hub.downloaded(REPO) == layer_files - _layer_files(weight_map, range(2))  # a later move: from disk
+    assert Shard.from_pretrained(source.path, 2, 4).fingerprint == Shard.from_pretrained(tiny_model, 2, 4).fingerprint
+
+
+def test_prefetch_skips_a_disk_without_room(hub: HubServer) -> None:
+    resolve_config(REPO)
+    size = prefetch_layers(REPO, None, free_bytes=0).checkpoint_bytes
+    assert size is not None and size > 0
+    hub.requests.clear()
+    done = prefetch_layers(REPO, None, free_bytes=int(PREFETCH_ROOM * size) - 1)
+    assert done.files == 0 and "GB free" in done.skipped and "HF_HOME" in done.skipped
+    assert hub.downloaded(REPO) == set()  # config and index were cached; no weight file fetched
 
 
 def test_revision_by_commit_and_config_only(hub: HubServer) -> None:

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from client import DistributedModel
 from tests.hub_server import HubRepo, HubServer, split_checkpoint
-from tests.swarm_processes import TEST_ENV, new_test_swarm
+from tests.swarm_processes import TEST_ENV, new_test_swarm, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +35,20 @@ def test_swarm_from_a_hub_repo_id(tiny_model: Path, tmp_path: Path, monkeypatch:
             hub.requests.clear()
             swarm.start_peer(REPO, "2:4")  # type: ignore[arg-type]
             assert hub.downloaded(REPO) == files_of(range(2, 4))  # config and index come from the cache
-            # A self-placing peer (its own empty cache) fetches only the files of the range it chooses.
+            # A self-placing peer (its own empty cache) fetches only the files of the range it chooses...
             swarm.extra_env = dict(env, HF_HOME=str(tmp_path / "mover-home"))
             hub.requests.clear()
-            mover = swarm.start_peer(REPO, None, "--num-layers", "2")  # type: ignore[arg-type]
+            mover = swarm.start_peer(REPO, None, "--num-layers", "2", "--no-prefetch")  # type: ignore[arg-type]
             start, end = map(int, next(line for line in mover.lines if line.startswith("online")).split()[2].split(":"))
             assert end - start == 2
             assert hub.downloaded(REPO) == {"config.json", "model.safetensors.index.json", *files_of(range(start, end))}
+            # ... and by default, once it serves, every layer's files in the background (its moves then
+            # load from disk), never the head's.
+            swarm.extra_env = dict(env, HF_HOME=str(tmp_path / "prefetcher-home"))
+            hub.requests.clear()
+            prefetcher = swarm.start_peer(REPO, None, "--num-layers", "1")  # type: ignore[arg-type]
+            wait_until(lambda: "prefetched" in prefetcher.log_path.read_text(), 60, "the prefetch to finish")
+            assert hub.downloaded(REPO) == {"config.json", "model.safetensors.index.json", *files_of(range(4))}
 
             monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
             monkeypatch.setenv("HF_HOME", str(tmp_path / "client-home"))
