@@ -23,6 +23,7 @@ class SimPeer:
     drain_deadline: float = 0.0
     generation: int = 0  # bumped on every move, so a stale "online" event is ignored
     moved_at: float | None = None  # when it last moved (routing.FLOW_MOVE_COOLDOWN_S); None: never
+    prefetched_at: float = 0.0  # from then on its moves load from disk (SimConfig.move_load_s_per_layer)
 
     @property
     def loading(self) -> bool:

@@ -12,7 +12,9 @@ built at each route sample.
 Model: a peer holds k layers (its memory) and pushes `thr` tokens/s through all of them;
 it adds thr to the throughput of each of its layers. Loading weights takes
 LOAD_S_PER_LAYER * k seconds, during which the peer is JOINING (counted by balancing,
-serves no routes). Lifetimes are exponential at rate `churn` per hour; arrivals are Poisson
+serves no routes). --move-load-s-per-layer gives moves (a GPU peer's or a standby's) their own
+speed, from --prefetch-s after a joiner first serves: peers that prefetched the model
+(swarm-peer serve --prefetch) read a move's layers from disk, not the network. Lifetimes are exponential at rate `churn` per hour; arrivals are Poisson
 at peers * churn per hour, so the population stays near `peers`. A share `graceful` of the
 departures drain (swarm-peer drain / SIGTERM): the peer turns DRAINING, leaves balancing's
 counts but keeps serving until every layer it holds has another ONLINE server or
@@ -128,6 +130,7 @@ class SimConfig:
     balance_period_s: float = BALANCE_PERIOD_S
     load_s_per_layer: float = LOAD_S_PER_LAYER
     move_load_s_per_layer: float | None = None  # a move's load, GPU peer or standby (from disk: swarm-peer serve --prefetch); None: load_s_per_layer
+    prefetch_s: float = 0.0  # ... once this long after a joiner first serves (its background prefetch); the first peers at once
     graceful: float = 0.0  # share of departures that drain instead of vanishing
     drain_max_s: float = DRAIN_MAX_S
     react: bool = True  # decide at once when a layer has no ONLINE server (else wait for the period)
@@ -217,7 +220,11 @@ def simulate(cfg: SimConfig) -> SimResult:
                     out[layer] -= 1
         return out
 
-    move_load_s = cfg.load_s_per_layer if cfg.move_load_s_per_layer is None else cfg.move_load_s_per_layer
+    def move_load_s(q: SimPeer, now: float) -> float:
+        """Seconds per layer of q's move: from disk once its prefetch is done (a standby: its host's)."""
+        if cfg.move_load_s_per_layer is None or now < q.prefetched_at:
+            return cfg.load_s_per_layer
+        return cfg.move_load_s_per_layer
 
     def place_standby(sb: SimPeer, target: LayerRange, now: float, instant: bool, load_s: float) -> None:
         if sb.serving is not None:
@@ -236,7 +243,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     def add_standby(host: SimPeer, now: float, instant: bool) -> None:
         if cfg.standby_share <= 0 or has_standby.random() >= cfg.standby_share:
             return
-        sb = SimPeer(host.peer_id, host.k, 0.0, host.rtt)
+        sb = SimPeer(host.peer_id, host.k, 0.0, host.rtt, prefetched_at=host.prefetched_at)  # one machine, one cache
         target = standby_window(view_servers(), guards(), sb.k, useless=useless(sb))
         assert target is not None
         standbys[sb.peer_id] = sb
@@ -265,7 +272,7 @@ def simulate(cfg: SimConfig) -> SimResult:
                 others[layer] -= not hosted[layer]  # itself, where it counts as a guard
             target = standby_window(servers, others, sb.k, sb.layers, hosted)
             if target is not None:
-                place_standby(sb, target, now, False, move_load_s)
+                place_standby(sb, target, now, False, move_load_s(sb, now))
                 standby_moves += 1
                 guarded = guards()
                 best = _best_standby_scores(servers, guarded, {q.k for q in ready})
@@ -287,6 +294,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         thr, counted = _balance_arrays(swarm, p.k, cfg, counts)
         p.layers = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded)
         peers[p.peer_id] = p
+        if not instant:  # a warm swarm's first peers have long had their files
+            p.prefetched_at = now + cfg.load_s_per_layer * p.k + cfg.prefetch_s
         swarm.place(p, +1)
         add_standby(p, now, instant)
         if instant:
@@ -357,7 +366,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.place(p, -1)
         p.layers, p.generation, p.moved_at = target, p.generation + 1, now
         swarm.place(p, +1)
-        push(now + delay + move_load_s * p.k, "online", p.peer_id, p.generation)
+        push(now + delay + move_load_s(p, now) * p.k, "online", p.peer_id, p.generation)
         return True
 
     def urgent() -> bool:
@@ -639,6 +648,9 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--move-load-s-per-layer", type=float, default=None,
                     help="seconds per layer when a running peer or standby moves (default: --load-s-per-layer; "
                          "lower models peers that prefetched the model to disk)")
+    ap.add_argument("--prefetch-s", type=float, default=0.0,
+                    help="with --move-load-s-per-layer: seconds after a joiner first serves until its moves load that fast "
+                         "(its background prefetch of the model)")
     ap.add_argument("--balance-period", type=float, default=BALANCE_PERIOD_S, help="mean seconds")
     ap.add_argument("--graceful", type=float, default=0.0, help="share of departures that drain first")
     ap.add_argument("--drain-max", type=float, default=DRAIN_MAX_S, help="seconds a drain may wait")
@@ -677,6 +689,7 @@ def main(argv: list[str] | None = None) -> SimResult:
     a = ap.parse_args(argv)
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     load_s_per_layer=a.load_s_per_layer, move_load_s_per_layer=a.move_load_s_per_layer,
+                    prefetch_s=a.prefetch_s,
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
