@@ -102,6 +102,8 @@ def prefetch_layers(repo_id: str, revision: str | None, free_bytes: int | None =
     that free space, default measured); files already cached are not fetched again.
     """
     hub = _Hub(repo_id, revision)
+    if hub.offline:
+        return Prefetched(0, None, "HF_HUB_OFFLINE is set (unset it to let moves read from disk)")
     hub.config()
     index = hub.file(INDEX_NAME, optional=True)
     if index is None:

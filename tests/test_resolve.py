@@ -110,6 +110,12 @@ def test_prefetch_skips_a_disk_without_room(hub: HubServer) -> None:
     assert hub.downloaded(REPO) == set()  # config and index were cached; no weight file fetched
 
 
+def test_prefetch_skips_offline(hub: HubServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    done = prefetch_layers(REPO, None)
+    assert done.files == 0 and "HF_HUB_OFFLINE" in done.skipped and hub.requests == []
+
+
 def test_revision_by_commit_and_config_only(hub: HubServer) -> None:
     source = resolve_config(REPO, COMMIT)
     assert (source.path / "config.json").is_file() and source.commit == COMMIT
