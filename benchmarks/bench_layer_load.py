@@ -1,0 +1,128 @@
+"""How long a peer takes to load one layer from its own disk: what a move costs once the model's
+files are local (swarm-peer serve --prefetch), against a first fetch from the network.
+
+Writes a checkpoint of a few Llama-2-70B-shaped layers (bf16, one file per layer, 1.71 GB each), then
+times `Shard.from_pretrained`, the loader every peer uses, reading them:
+  * cold: the page cache dropped first (needs root: /proc/sys/vm/drop_caches), a read from the disk;
+  * warm: the files already in the page cache (a move back to layers read recently).
+The same bytes from a network link take size / bandwidth: printed for 1 Gbit/s for comparison.
+
+    .venv/bin/python -m benchmarks.bench_layer_load --layers 2 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from shards.shard import Shard
+
+LLAMA2_70B = dict(
+    hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8, head_dim=128,
+    vocab_size=1024, max_position_embeddings=4096, rms_norm_eps=1e-5, rope_theta=10000.0,
+    tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+)  # fmt: skip  (a tiny vocabulary: the head is not what a move loads)
+GBIT_BYTES_PER_S = 125e6
+
+
+def write_checkpoint(path: Path, layers: int) -> int:
+    """Random bf16 layers of the Llama-2-70B shape, one safetensors file each; returns the layer bytes."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    c = LLAMA2_70B
+    LlamaConfig(**c, num_hidden_layers=layers, dtype="bfloat16").save_pretrained(path)
+    H, F, KV = c["hidden_size"], c["intermediate_size"], c["num_key_value_heads"] * c["head_dim"]
+    gen = torch.Generator().manual_seed(0)
+    weight_map, total = {}, 0
+    head = {"model.embed_tokens.weight": torch.zeros(c["vocab_size"], H, dtype=torch.bfloat16),
+            "model.norm.weight": torch.ones(H, dtype=torch.bfloat16),
+            "lm_head.weight": torch.zeros(c["vocab_size"], H, dtype=torch.bfloat16)}
+    files = [("model-head.safetensors", head)]
+    for layer in range(layers):
+        p = f"model.layers.{layer}."
+        shapes = {"self_attn.q_proj": (H, H), "self_attn.k_proj": (KV, H), "self_attn.v_proj": (KV, H),
+                  "self_attn.o_proj": (H, H), "mlp.gate_proj": (F, H), "mlp.up_proj": (F, H), "mlp.down_proj": (H, F)}
+        tensors = {p + name + ".weight": (torch.randn(*shape, generator=gen) * shape[1] ** -0.5).to(torch.bfloat16)
+                   for name, shape in shapes.items()}
+        tensors[p + "input_layernorm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+        tensors[p + "post_attention_layernorm.weight"] = torch.ones(H, dtype=torch.bfloat16)
+        files.append((f"model-layer-{layer:03d}.safetensors", tensors))
+    for name, tensors in files:
+        save_file(tensors, str(path / name), metadata={"format": "pt"})
+        for key, t in tensors.items():
+            weight_map[key] = name
+            total += t.numel() * t.element_size() if ".layers." in key else 0
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return total
+
+
+def drop_page_cache() -> bool:
+    """Empty the page cache (root only); False when not allowed."""
+    subprocess.run(["sync"], check=False)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def timed_load(path: Path, layers: int) -> float:
+    started = time.perf_counter()
+    shard = Shard.from_pretrained(path, 0, layers, dtype=torch.bfloat16)
+    elapsed = time.perf_counter() - started
+    del shard
+    return elapsed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", type=int, default=2, help="layers written and loaded (1.71 GB each)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed loads per mode (the median is reported)")
+    ap.add_argument("--dir", type=Path, default=None, help="where to write the checkpoint (default: a temp dir)")
+    ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "layer_load.json")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
+        path = Path(tmp)
+        print(f"writing {a.layers} Llama-2-70B-shaped bf16 layers to {path} ...", flush=True)
+        size = write_checkpoint(path, a.layers)
+        per_layer_gb = size / a.layers / 1e9
+        cold: list[float] = []
+        for _ in range(a.repeat):
+            if not drop_page_cache():
+                print("cannot drop the page cache (not root): cold loads skipped")
+                break
+            cold.append(timed_load(path, a.layers) / a.layers)
+        timed_load(path, a.layers)  # into the page cache
+        warm = [timed_load(path, a.layers) / a.layers for _ in range(a.repeat)]
+    network = size / a.layers / GBIT_BYTES_PER_S
+    rows = [("disk, page cache dropped", statistics.median(cold) if cold else None),
+            ("page cache (warm)", statistics.median(warm)),
+            ("1 Gbit/s link (size / bandwidth)", network)]
+    print(f"\nLlama-2-70B-shaped layer, bf16, {per_layer_gb:.2f} GB; Shard.from_pretrained on the CPU, {os.cpu_count()} cores")
+    print(f"{'source':36} {'s / layer':>9} {'GB/s':>6}")
+    for name, seconds in rows:
+        if seconds is None:
+            print(f"{name:36} {'-':>9}")
+        else:
+            print(f"{name:36} {seconds:9.2f} {per_layer_gb / seconds:6.2f}")
+    result = {"date": date.today().isoformat(), "machine": platform.node(), "cpus": os.cpu_count(),
+              "layer_gb": per_layer_gb, "layers": a.layers, "repeat": a.repeat,
+              "cold_s_per_layer": cold, "warm_s_per_layer": warm, "gbit_link_s_per_layer": network}
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps(result, indent=1))
+    print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()
