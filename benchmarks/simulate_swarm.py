@@ -14,7 +14,8 @@ it adds thr to the throughput of each of its layers. Loading weights takes
 LOAD_S_PER_LAYER * k seconds, during which the peer is JOINING (counted by balancing,
 serves no routes). --move-load-s-per-layer gives moves (a GPU peer's or a standby's) their own
 speed, from --prefetch-s after a joiner first serves: peers that prefetched the model
-(swarm-peer serve --prefetch) read a move's layers from disk, not the network. Lifetimes are exponential at rate `churn` per hour; arrivals are Poisson
+(swarm-peer serve --prefetch) read a move's layers from disk, not the network.
+Lifetimes are exponential at rate `churn` per hour; arrivals are Poisson
 at peers * churn per hour, so the population stays near `peers`. A share `graceful` of the
 departures drain (swarm-peer drain / SIGTERM): the peer turns DRAINING, leaves balancing's
 counts but keeps serving until every layer it holds has another ONLINE server or

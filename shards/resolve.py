@@ -4,9 +4,9 @@ A peer needs config.json and only the safetensors files holding its layers (foun
 index's weight map); a client needs config.json, the tokenizer and generation config files and
 the files holding the embeddings, final norm and LM head. Both go through `huggingface_hub`'s
 cache, so a second start reads from disk. A self-placing peer may fetch every layer's files once
-it serves (prefetch_layers), so its later moves read them from disk too. `HF_HOME` / `HF_HUB_CACHE`, `HF_ENDPOINT`,
-`HF_HUB_OFFLINE` and `HF_TOKEN` are honoured, read at call time (not at import) so a process can
-set them before its first resolution.
+it serves (prefetch_layers), so its later moves read them from disk too. `HF_HOME` /
+`HF_HUB_CACHE`, `HF_ENDPOINT`, `HF_HUB_OFFLINE` and `HF_TOKEN` are honoured, read at call time
+(not at import) so a process can set them before its first resolution.
 """
 
 from __future__ import annotations
@@ -87,11 +87,11 @@ def resolve_for_client(name: str, revision: str | None = None) -> ModelSource:
 
 @dataclass(frozen=True)
 class Prefetched:
-    """What prefetch_layers did: `files` weight files are in the cache (0 when skipped, and why)."""
+    """What prefetch_layers did."""
 
-    files: int
+    files: int  # weight files of the model's layers now in the cache (0: none fetched, see `skipped`)
     checkpoint_bytes: int | None  # the index's total_size, when it gives one
-    skipped: str | None = None
+    skipped: str | None = None  # why nothing was fetched, or None
 
 
 def prefetch_layers(repo_id: str, revision: str | None, free_bytes: int | None = None) -> Prefetched:
