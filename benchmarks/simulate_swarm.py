@@ -346,6 +346,9 @@ def simulate(cfg: SimConfig) -> SimResult:
                 others[layer] = 0.0
         online = WithoutPeer(swarm.staying_n, p.layers, 1)
         staying = WithoutPeer(swarm.staying_thr, p.layers, p.thr) if cfg.thin else None
+        # plan_move's swarm_down (a sole server may shift into a gap while no route exists) is left
+        # out: it only acts while some layer has no server, standbys included, which the measured
+        # runs with standbys almost never see, and it would make the GPU peers' run depend on them.
         target = plan_move(others, online, p.layers, p.thr, cfg.quality, counted, discount=cfg.sole_discount,
                            guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit())
         if target is None and cfg.flow_moves and (p.moved_at is None or now - p.moved_at >= cfg.flow_move_cooldown_s):

@@ -33,7 +33,7 @@ from peer.rate_limit import RateLimiter
 from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
 from peer.view import ViewService
-from routing import covered_without
+from routing import may_move
 from shards.batch import BatchLayout
 from shards.config import ModelConfig
 from shards.kv_cache import KVCache
@@ -238,7 +238,7 @@ class PeerServer:
             await self._announce()
             await asyncio.sleep(MOVE_CONFIRM_S)
             view = await self._balancing_view()
-            if not covered_without(view, self.peer_id, self.layers):
+            if not may_move(view, self.peer_id, self.layers, target):
                 logger.info("another peer is leaving layers of %s at the same time: staying there for now",
                             self.layers)
                 self.loading, self.in_place = None, False

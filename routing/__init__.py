@@ -9,10 +9,11 @@ Only `swarm.types` is imported from the rest of the project.
 - bans.py    BanList: peers that failed recently, exponential backoff; its penalties()
              feed plan_route(banned=...).
 - balance.py layer_throughput, layer_counts, layer_servers, choose_layers (flow-aware), should_move,
-             urgent_layers, thin_layers, covered_without, thin_without, incoming,
+             urgent_layers, thin_layers, covered_without, may_move, thin_without, incoming,
              possible_takers (array-level forms: choose_window, plan_move): which layers a
              peer should serve (sole-served layers discounted unless a standby guards them);
-             when to decide at once (gaps, thin layers); when a draining peer may leave
+             when to decide at once (gaps, thin layers); when an announced move may go on (a
+             swarm that is down lets a sole server shift into the gap); when a draining peer may leave
              (helpers shared with flow_move.py: leaves_safely, window_holding, balanced_placement).
 - flow_move.py flow_move (array-level: plan_flow_move): a running peer moves to where the
              max flow runs dry when that raises it by FLOW_MOVE_GAIN, at most once per
@@ -37,6 +38,7 @@ from routing.balance import (
     layer_counts,
     layer_servers,
     layer_throughput,
+    may_move,
     plan_move,
     possible_takers,
     should_move,
@@ -69,6 +71,7 @@ __all__ = [
     "choose_route",
     "choose_window",
     "covered_without",
+    "may_move",
     "capacity_bound",
     "flow_move",
     "hop_cost",

@@ -238,6 +238,7 @@ def plan_move(
     guarded: Sequence[bool] | None = None,
     others_staying: Sequence[float] | None = None,
     thin_limit: float = 0.0,
+    swarm_down: bool = False,
 ) -> LayerRange | None:
     """Where a peer now serving `current` should move, or None to stay.
 
@@ -259,6 +260,12 @@ def plan_move(
     candidate; each move also strictly improves the sorted throughput vector, so moves
     cannot cycle.
 
+    `swarm_down`: some layer outside `current` has no server at all, so no route exists. Then
+    the second and third conditions give way where the candidate takes every layer only this
+    peer serves (vacates_only_into): while it loads, those layers are dark in a swarm that is
+    down anyway, and once loaded it lights the gap. Without this, a sole server of one layer
+    next to a gap only it could fill would never move, and the gap would stay.
+
     With `others_counted` (per-layer ONLINE + JOINING counts without this peer) every
     throughput above is a layer's strength (strengths(), `guarded` layers undiscounted): the
     candidate is choose_window(others, k, others_counted) and the test compares the weakest
@@ -270,7 +277,8 @@ def plan_move(
     target = choose_window(others, len(current), others_counted, discount, guarded=guarded)
     if target == current:
         return None
-    if not leaves_safely(current, others_online, others_staying, thin_limit):
+    if not leaves_safely(current, others_online, others_staying, thin_limit) and not (
+            swarm_down and vacates_only_into(current, target, others_online)):
         return None
     mine = set(range(current.start, current.end))
     theirs = set(range(target.start, target.end))
@@ -295,6 +303,16 @@ def leaves_safely(current: LayerRange, others_online: Sequence[int], others_stay
         if others_staying is not None and others_staying[layer] < thin_limit:
             return False  # a layer I would leave thin: its dip would last my whole reload
     return True
+
+
+def vacates_only_into(current: LayerRange, target: LayerRange, others_online: Sequence[int]) -> bool:
+    """Does `target` hold every layer of `current` that no other ONLINE peer serves?"""
+    return all(layer in target for layer in range(current.start, current.end) if others_online[layer] <= 0)
+
+
+def swarm_down(view: SwarmView, current: LayerRange) -> bool:
+    """Has some layer outside `current` no ONLINE or DRAINING server, standbys included (no route exists)?"""
+    return any(layer not in current for layer in view.uncovered_layers())
 
 
 def strengths(throughput: Sequence[float], servers: Sequence[int], discount: float = SOLE_DISCOUNT,
@@ -375,6 +393,16 @@ def covered_without(view: SwarmView, me: str, layers: LayerRange | None = None) 
     return all(servers[layer] > 0 for layer in range(layers.start, min(layers.end, view.num_layers)))
 
 
+def may_move(view: SwarmView, me: str, current: LayerRange, target: LayerRange) -> bool:
+    """May peer `me` go on with its announced move from `current` to `target`? Yes when its layers
+    stay covered without it (covered_without), or when the swarm is down elsewhere and `target`
+    takes every layer only it serves (plan_move's `swarm_down`)."""
+    if covered_without(view, me, current):
+        return True
+    servers = layer_servers(view, without=me)
+    return swarm_down(view, current) and vacates_only_into(current, target, servers)
+
+
 def possible_takers(view: SwarmView, me: str) -> list[str]:
     """Peers that could still take over `me`'s layers: JOINING and moving ones (they are
     choosing), and ONLINE ones whose own layers keep another ONLINE server besides them and
@@ -443,6 +471,7 @@ def should_move(
         guarded=guarded_layers(view),
         others_staying=staying_throughput(view, without=me),
         thin_limit=thin_threshold(view),  # my capacity stays in the swarm: the mean counts it
+        swarm_down=swarm_down(view, current),
     )
 
 

@@ -17,6 +17,7 @@ from routing import (
     layer_counts,
     layer_servers,
     layer_throughput,
+    may_move,
     plan_move,
     plan_route,
     possible_takers,
@@ -101,6 +102,20 @@ def test_a_sole_server_stays_even_when_its_target_keeps_that_layer() -> None:
     assert should_move(v, "a") is None
     covered = view(10, rec("a", "2:6", 10.0), rec("b", "0:4", 10.0), rec("d", "4:6", 10.0), rec("c", "6:10", 0.5))
     assert should_move(covered, "a") == LayerRange(4, 8)  # d (2 layers, another tier) keeps 4:6 served
+
+
+def test_a_sole_server_shifts_into_a_gap_only_it_can_fill_while_the_swarm_is_down() -> None:
+    # The GPU test's sequence: m moved to 14:29 (sole server of layer 14), then the peer of 0:15
+    # crashed. Layers 0:14 have no server, so no route exists: m may vacate layer 14 for the load,
+    # since its target 0:15 takes it back. Before, it stayed, and the gap stayed for good.
+    down = view(30, rec("m", "14:29", 10.0), rec("s", "15:30", 10.0))
+    assert should_move(down, "m") == LayerRange(0, 15)
+    assert may_move(down, "m", LayerRange(14, 29), LayerRange(0, 15))
+    assert not may_move(down, "m", LayerRange(14, 29), LayerRange(15, 30))  # would leave 14 dark for good
+    # A standby serving the gap keeps the swarm up: vacating layer 14 would open a real gap.
+    up = view(30, rec("m", "14:29", 10.0), rec("s", "15:30", 10.0), replace(rec("sb", "0:14", 0.1), standby=True))
+    assert not may_move(up, "m", LayerRange(14, 29), LayerRange(0, 15))
+    assert should_move(up, "m") is None
 
 
 def test_a_peer_weighs_only_peers_at_least_its_size() -> None:
