@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
-from routing import choose_layers, flow_move, should_move, standby_layers, urgent_layers
+from routing import choose_layers, covered_without, flow_move, should_move, standby_layers, urgent_layers
 from shards.config import ModelConfig
 from swarm.reachability import machine_of
 from swarm.types import LayerRange, SwarmView
@@ -35,6 +36,13 @@ WATCH_PERIOD_S = 5.0
 # (peer/server.py migrate), so the next size sees the layers taken. 0.5 s: a DHT announcement is
 # visible to others well within one step (4 vs 8 layers).
 REACT_DELAY_PER_LAYER_S = 0.5
+# TEST ONLY: "START:END" makes a self-placing peer's first balance check that finds no strength
+# move, while its layers have other servers, take that range as its flow move, whatever the
+# measured throughputs say. A CPU test of tiny models cannot steer routing.flow_move's choice,
+# which turns on throughput differences within measurement noise; with this it puts a peer where
+# a flow move once left the only server of a layer next to a gap (tests/test_flow_move_gap.py).
+# Read here only (forced_flow_move); unset in any real deployment.
+TEST_FLOW_MOVE_ENV = "LAYERSWARM_TEST_FLOW_MOVE"
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,7 @@ async def balance_loop(placement: Placement) -> None:
     loop = asyncio.get_running_loop()
     decided_on: list[int] = []  # urgent layers already decided on: no early wake for them again
     last_move: float | None = None  # loop time of our last move: flow moves wait FLOW_MOVE_COOLDOWN_S after it
+    forced = forced_flow_move()
     while True:
         due = loop.time() + cfg.balance_period * random.uniform(1 - JITTER, 1 + JITTER)
         view = await _watch_until(placement, due, decided_on)
@@ -88,6 +97,8 @@ async def balance_loop(placement: Placement) -> None:
                 since = None if last_move is None else loop.time() - last_move
                 target = flow_move(view, placement.peer_id(), since_last_move_s=since,
                                    my_throughput=placement.throughput())
+                if forced is not None and covered_without(view, placement.peer_id()):
+                    target, forced = forced, None
                 if target is not None:
                     logger.info("the swarm's max flow runs dry in %s: moving there from %s raises it",
                                 target, placement.layers())
@@ -100,6 +111,16 @@ async def balance_loop(placement: Placement) -> None:
             raise
         except Exception:
             logger.exception("balancing round failed; staying on layers %s", placement.layers())
+
+
+def forced_flow_move() -> LayerRange | None:
+    """The flow move TEST_FLOW_MOVE_ENV forces (tests only), or None when it is unset."""
+    value = os.environ.get(TEST_FLOW_MOVE_ENV, "")
+    if not value:
+        return None
+    target = LayerRange.parse(value)
+    logger.warning("TEST ONLY: %s=%s: the first flow move goes to layers %s", TEST_FLOW_MOVE_ENV, value, target)
+    return target
 
 
 async def _watch_until(placement: Placement, due: float, decided_on: list[int]) -> SwarmView | None:
