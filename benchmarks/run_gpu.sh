@@ -16,7 +16,7 @@ export OUT PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     >"$OUT/pip.log" 2>&1 || { tail -5 "$OUT/pip.log"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 else
   export PYTHONPATH=$PWD
 fi
