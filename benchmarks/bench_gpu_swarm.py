@@ -192,24 +192,27 @@ def aggregate_tokens_per_second(model_path: Path, swarm: LocalSwarm, model_name:
 
 
 def profile_decode(model, peers: list, out_dir: Path, name: str, tokens: int) -> None:
-    """py-spy (native frames, every thread) on the client and each peer while one session decodes."""
+    """py-spy (native frames, every thread) on the client and each peer while one session decodes.
+
+    Native stacks need py-spy to pause the process per sample, so the rate is kept low (200 Hz)."""
     py_spy = shutil.which("py-spy")
     if py_spy is None:
         print("  profile: py-spy is not installed; skipped", flush=True)
         return
     targets = [("client", os.getpid())] + [(f"peer{i}", p.pid) for i, p in enumerate(peers)]
-    spies = [subprocess.Popen([py_spy, "record", "--pid", str(pid), "--rate", "1000", "--duration", "6", "--native",
-                               "--threads", "--nonblocking", "--format", "raw", "--output",
+    spies = [subprocess.Popen([py_spy, "record", "--pid", str(pid), "--rate", "200", "--duration", "6", "--native",
+                               "--threads", "--format", "raw", "--output",
                                str(out_dir / f"profile-{name}-{who}.txt")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for who, pid in targets]
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for who, pid in targets]
     time.sleep(1.0)  # py-spy attaches
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:  # bounded: ~5 s of decode steps, one session at a time
         with model.inference_session(max_length=PROMPT_TOKENS + tokens + 1) as session:
             model.generate(prompt(1), max_new_tokens=tokens, session=session, eos_token_id=[])
-    for spy in spies:
-        spy.wait(timeout=60)
-    print(f"  profile: wrote {', '.join(f'profile-{name}-{who}.txt' for who, _ in targets)}", flush=True)
+    for (who, _), spy in zip(targets, spies):
+        _, err = spy.communicate(timeout=60)
+        said = f"wrote profile-{name}-{who}.txt" if spy.returncode == 0 else f"py-spy failed: {err.strip()[-300:]}"
+        print(f"  profile {who}: {said}", flush=True)
 
 
 def run_setup(name: str, model_path: Path, work: Path, tokens: int, profile_dir: Path | None = None) -> dict:
