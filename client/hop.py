@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 import torch
 
 from swarm import messages as m
-from swarm.codec import DTYPES
+from swarm.codec import DTYPES, all_finite
 from swarm.connection import PeerStream
 from swarm.errors import ConnectionClosed, ProtocolError, RemoteError
 from swarm.schema import Close, Open, Opened, Result, Step, Truncate, parse_reply
@@ -128,8 +128,7 @@ class HopSession:
         why = None
         if expected is not None and tuple(hidden.shape) != expected:
             why = f"result of step {step_id} has shape {tuple(hidden.shape)}, expected {expected}"
-        # max |x| is NaN or inf exactly when some element is; ~5x cheaper than isfinite on bf16 rows.
-        elif hidden.is_floating_point() and hidden.numel() and not bool(hidden.float().abs().max() < float("inf")):
+        elif hidden.is_floating_point() and not all_finite(hidden):
             why = f"result of step {step_id} contains NaN or infinity"
         elif not hidden.is_floating_point():
             why = f"result of step {step_id} has dtype {hidden.dtype}, not a float type"

@@ -27,7 +27,7 @@ from peer.scheduler import BatchScheduler, WorkItem
 from peer.sessions import PeerSession, SessionRegistry
 from swarm import messages as m
 from swarm.auth import SwarmKey
-from swarm.codec import Limits, encode_tensor
+from swarm.codec import Limits, all_finite, encode_tensor
 from swarm.connection import PeerStream, require_auth, serve_stream
 from swarm.errors import ConnectionClosed, ProtocolError
 from swarm.schema import (  # noqa: F401 - MAX_ROUTE_HOPS, parse_chain, parse_token_ids: imported from here by tests
@@ -214,7 +214,7 @@ class StreamHandler:
             raise ProtocolError(
                 "bad_field", f"hidden has {hidden.shape[0]} rows but new_tokens sums to {sum(new_tokens)}"
             )
-        if hidden.numel() and not bool(hidden.float().abs().max() < float("inf")):  # NaN fails the <, too
+        if not all_finite(hidden):
             raise ProtocolError("bad_tensor", "hidden states contain NaN or infinity")
         return hidden
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarm.codec import DTYPES, Limits, decode_message, decode_tensor, encode_message, encode_tensor
+from swarm.codec import DTYPES, Limits, all_finite, decode_message, decode_tensor, encode_message, encode_tensor
 from swarm.errors import ProtocolError
 
 LIMITS = Limits()
@@ -155,3 +155,16 @@ def test_random_tensor_dicts_are_checked_before_allocating(obj: dict) -> None:
         assert out.numel() <= SMALL.max_tensor_elements
         assert out.numel() * out.element_size() == len(obj["data"])
     assert time.perf_counter() - start < 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_all_finite_finds_every_nan_and_infinity(dtype: torch.dtype) -> None:
+    x = torch.randn(3, 64).to(dtype)
+    x[2, 3] = torch.finfo(dtype).max  # the largest finite value has exponent bits below all-ones
+    assert all_finite(x) and all_finite(torch.empty(0, 64, dtype=dtype))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for row, col in ((0, 0), (1, 37), (2, 63)):
+            y = x.clone()
+            y[row, col] = bad
+            assert not all_finite(y), (bad, row, col)
+            assert not all_finite(y.t())  # non-contiguous views take the torch path
