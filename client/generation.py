@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -63,8 +64,9 @@ def last_logits(model: DistributedModel, session: InferenceSession, feed: list[l
     new_tokens = [len(f) for f in feed]
     ids = torch.tensor([t for f in feed for t in f], dtype=torch.long)  # (N,)
     hidden = session.step(model.head.embed(ids), new_tokens, token_ids=feed)  # (N, H); ids let peers share prefixes
-    last_rows = torch.cumsum(torch.tensor(new_tokens), 0) - 1  # (B,)
-    return model.head.logits(hidden[last_rows]).float()  # (B, V)
+    if len(new_tokens) != hidden.shape[0]:  # a prefill: keep each sequence's last row (a decode has only those)
+        hidden = hidden[[end - 1 for end in itertools.accumulate(new_tokens)]]
+    return model.head.logits(hidden).float()  # (B, V)
 
 
 def run_generation(

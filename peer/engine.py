@@ -97,9 +97,13 @@ class ServingEngine:
 
     # ------------------------------------------------------------------ compute thread
 
+    def replays(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int], stateful: bool) -> bool:
+        """True when `run_batch` would replay a captured graph (cheap on the host: the scheduler may run it inline)."""
+        return stateful and self.graphs is not None and self.graphs.can_run(hidden, layout, layers)
+
     def run_batch(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int], stateful: bool) -> torch.Tensor:
         """hidden (N, H) on the host -> (N, H) on the host, in the shard's dtype."""
-        if stateful and self.graphs is not None and self.graphs.can_run(hidden, layout, layers):
+        if self.replays(hidden, layout, layers, stateful):
             self.steps["graph"] += 1
             out = self.graphs.run(hidden, layout, layers)
         else:

@@ -28,6 +28,14 @@ and reaches the front after a bounded number of rounds: no session starves, what
 One batch holds one layer sub-range (the front item's); other ranges wait their turn the same way.
 
 `enabled=False` (`swarm-peer serve --no-batching`) runs one item per forward pass: the baseline.
+
+Inline batches: a batch for which `inline(...)` holds (on a CUDA peer: a decode batch that
+replays a captured graph) runs on the event loop itself, not on the compute thread, when no
+compute-thread job is in flight. A replay is a few microseconds of launches and one device
+synchronisation, and the two thread hand-offs it saves cost more than that on an idle host
+(each wakes a sleeping thread; measured in `benchmarks/bench_step_breakdown.py`). Blocking the
+loop for the replay delays no step: one that arrives meanwhile joins the next batch, as it would.
+Eager batches (prefill, CPU) keep the compute thread, so the loop stays free while they run.
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 # run_batch(hidden (N, H), layout, layers (a, b), stateful) -> (N, H)
 RunBatch = Callable[[torch.Tensor, BatchLayout, tuple[int, int], bool], torch.Tensor]
+# inline(hidden, layout, layers, stateful) -> True when the batch may run on the event loop
+InlineTest = Callable[[torch.Tensor, BatchLayout, tuple[int, int], bool], bool]
 
 AGING_ROUNDS = 4  # a passed-over item gains one priority level per this many rounds
 
@@ -115,8 +125,10 @@ class BatchScheduler:
         max_batch_tokens: int = 512,
         batch_window: float = 0.002,
         enabled: bool = True,
+        inline: InlineTest | None = None,
     ) -> None:
         self._run_batch = run_batch
+        self._inline = inline
         self._page_size = page_size
         self._max_batch_tokens = max_batch_tokens
         self._batch_window = batch_window
@@ -124,6 +136,7 @@ class BatchScheduler:
         self._queue: list[WorkItem] = []
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        self._executor_jobs = 0  # compute-thread jobs submitted and not yet ended (loop thread only)
         self._counter = itertools.count()
         self._task: asyncio.Task | None = None
         self._served: dict[str, int] = {}  # session -> number of the last batch that served it
@@ -133,6 +146,7 @@ class BatchScheduler:
         self.sequences_run = 0  # sum over batches of sequences per batch
         self.max_batch_sequences = 0
         self.busy_seconds = 0.0
+        self.inline_batches = 0
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="batch-scheduler")
@@ -156,7 +170,19 @@ class BatchScheduler:
 
     async def run_exclusive(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the compute thread between two batches (e.g. a copy-on-write page copy)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        return await self._on_compute_thread(fn)
+
+    async def _on_compute_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        # Counted until the job itself has ended (not when its awaiter is cancelled), so that an
+        # inline batch never runs while a page copy or an engine swap may still be running there.
+        loop = asyncio.get_running_loop()
+        self._executor_jobs += 1
+        job = self._executor.submit(fn, *args)
+        job.add_done_callback(lambda _: loop.call_soon_threadsafe(self._job_ended))
+        return await asyncio.wrap_future(job)
+
+    def _job_ended(self) -> None:
+        self._executor_jobs -= 1
 
     @property
     def queued(self) -> int:
@@ -169,6 +195,7 @@ class BatchScheduler:
             "sequences_run": self.sequences_run,
             "max_batch_sequences": self.max_batch_sequences,
             "busy_seconds": round(self.busy_seconds, 3),
+            "inline_batches": self.inline_batches,
             "batching": self._enabled,
         }
 
@@ -245,9 +272,12 @@ class BatchScheduler:
                 page_tables=[s.item.page_tables[s.index] for s in slots] if stateful else None,
                 page_size=self._page_size,
             )
-            output = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._run_batch, hidden, layout, first.layers, stateful
-            )
+            args = (hidden, layout, first.layers, stateful)
+            if self._inline is not None and self._executor_jobs == 0 and self._inline(*args):
+                self.inline_batches += 1
+                output = self._run_batch(*args)
+            else:
+                output = await self._on_compute_thread(self._run_batch, *args)
         except Exception as e:
             self._last_end = time.monotonic()
             logger.exception("forward pass failed")

@@ -113,7 +113,7 @@ class PeerServer:
         self.registry.window = self.engine.sliding_window  # pages that slid out of it are freed
         self.scheduler = BatchScheduler(
             self._run_batch, page_size=cfg.page_size, max_batch_tokens=cfg.max_chunk_tokens,
-            batch_window=cfg.batch_window, enabled=cfg.batching,
+            batch_window=cfg.batch_window, enabled=cfg.batching, inline=self._replays,
         )
         self.scheduler.start()
         self.push_links = PushLinks(self.p2p, self.limits, cfg.step_timeout, self.swarm_key)
@@ -372,6 +372,9 @@ class PeerServer:
                 "refusals": dict(self.registry.counters),
             },
         }
+
+    def _replays(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int], stateful: bool) -> bool:
+        return self.engine is not None and self.engine.replays(hidden, layout, layers, stateful)
 
     def _run_batch(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int],
                    stateful: bool) -> torch.Tensor:

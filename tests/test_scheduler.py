@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -182,5 +183,47 @@ async def test_failing_forward_fails_its_items_only() -> None:
         with pytest.raises(RuntimeError, match="boom"):
             await scheduler.submit(item(torch.zeros(1, 2), [1], [0], [[0]]))
         assert (await scheduler.submit(item(torch.ones(1, 2), [1], [0], [[0]]))).sum() == 2
+    finally:
+        await scheduler.stop()
+
+
+async def test_inline_batches_run_on_the_loop_unless_the_compute_thread_is_busy() -> None:
+    """Batches the `inline` test accepts run on the event loop's thread, with the same results; while
+    a `run_exclusive` job still runs on the compute thread they go there instead, after it."""
+    threads: list[str] = []
+
+    def run(hidden, layout, layers, stateful):
+        threads.append(threading.current_thread().name)
+        return hidden + 1
+
+    decode_only = lambda hidden, layout, layers, stateful: all(n == 1 for n in layout.new_tokens)  # noqa: E731
+    scheduler = BatchScheduler(run, page_size=PS, batch_window=0.0, inline=decode_only)
+    scheduler.start()
+    loop_thread = threading.current_thread().name
+    try:
+        x = torch.randn(1, 8)
+        out = await scheduler.submit(item(x, [1], [0], [[0]]))
+        assert torch.equal(out, x + 1) and threads == [loop_thread]
+        prefill = torch.randn(5, 8)
+        out = await scheduler.submit(item(prefill, [5], [0], [[0, 1]]))  # refused by the test: compute thread
+        assert torch.equal(out, prefill + 1) and threads[-1] != loop_thread
+        release, started = threading.Event(), threading.Event()
+
+        def page_copy() -> str:
+            started.set()
+            release.wait(5)
+            return threading.current_thread().name
+
+        job = asyncio.ensure_future(scheduler.run_exclusive(page_copy))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 5)
+        step = scheduler.submit(item(x, [1], [1], [[0]]))
+        await asyncio.sleep(0.05)
+        assert not step.done()  # queued behind the page copy on the compute thread, not run beside it
+        release.set()
+        compute_thread = await job
+        assert torch.equal(await step, x + 1) and threads[-1] == compute_thread != loop_thread
+        assert scheduler.stats()["inline_batches"] == 1
+        await scheduler.submit(item(x, [1], [2], [[0]]))
+        assert threads[-1] == loop_thread  # the job has ended: inline again
     finally:
         await scheduler.stop()
