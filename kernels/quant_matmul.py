@@ -4,22 +4,27 @@ Formats (produced by `quantize_int8` / `quantize_int4`, consumed by the kernels 
 
 - int8: `qweight (N, K) int8`, `scale (N,) float32`; w = qweight * scale (symmetric, absmax/127).
 - int4: K is padded to a multiple of the group size G. `qweight (N, Kp/2) uint8`, read by the
-  kernel as little-endian 16-bit words, G/4 words per group: word i holds columns i, i + G/4,
+  kernels as little-endian 16-bit words, G/4 words per group: word i holds columns i, i + G/4,
   i + G/2, i + 3G/4 in its nibbles 0..3 (byte 2i = nibbles 0|1, byte 2i+1 = nibbles 2|3), so
-  one load of a group's words unpacks into four contiguous column blocks, no shuffle;
-  `scales, mins (Kp/G, N) bfloat16`; w = q * scale + min, q in [0, 15]. Clip ratios are
-  searched per group to minimise squared error (or set by GPTQ, `shards.calibrate`).
+  nibble j of a run of words meets a contiguous run of x, and two adjacent words (one 32-bit
+  load) unpack into a pair of adjacent columns per nibble; `scales, mins (Kp/G, N) bfloat16`;
+  w = q * scale + min, q in [0, 15]. Clip ratios are searched per group to minimise squared
+  error (or set by GPTQ, `shards.calibrate`).
 
-`int8_linear` / `int4_linear` are `F.linear` equivalents: Triton on CUDA (one kernel for any
-small M, dequantizing tiles in registers and multiplying on the tensor cores), and on CPU a
-torch fallback that dequantizes the weight and calls `F.linear` (slower, same numbers).
+`int8_linear` / `int4_linear` are `F.linear` equivalents. With Triton (CUDA, or its interpreter)
+they pick a kernel by the number of rows M of x:
+- M <= GEMV_MAX_M: a GEMV on the CUDA cores (`kernels.quant_gemv`), split over K;
+- larger M: tensor-core kernels (`kernels.quant_mma`), split over K up to 32 rows;
+both combine split-K partials inside the one launch (`kernels._split_k`), so each call is one
+kernel node in a CUDA graph. On CPU a torch fallback dequantizes and calls `F.linear`.
+Group sizes 32, 64 and 128 all have kernels.
 
-Why the int4 kernel unpacks the way it does: converting integers to floats (I2F) runs at a
-quarter of the ALU rate, too slow to keep up with 4-bit weights streaming at memory speed.
-Instead a nibble is OR-ed into the mantissa of a float whose exponent makes the mantissa's
-last bits count ones (0x4300 is bf16 128.0, 0x6400 is fp16 1024.0): the bit pattern then *is*
-the float 128 + q (or 1024 + q), exactly, from one shift and one AND/OR. The dot product runs
-on these biased values; the bias comes off per group with the min: sum_k x_k (q_k s + m) =
+Why the kernels unpack the way they do: converting integers to floats (I2F) runs at a quarter
+of the ALU rate, too slow to keep up with 4-bit weights streaming at memory speed. Instead a
+nibble is OR-ed into the mantissa of a float whose exponent makes the mantissa's last bits count
+ones (0x4300 is bf16 128.0, 0x6400 is fp16 1024.0, 0x43000000 fp32 128.0): the bit pattern then
+*is* the float c + q, exactly, from one shift and one AND/OR. The dot product runs on these
+biased values; the bias comes off per group with the min: sum_k x_k (q_k s + m) =
 s * sum_k x_k (q_k + c) + (m - c s) * sum_k x_k.
 """
 
@@ -28,9 +33,31 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import HAS_TRITON, INTERPRET, tl, triton, triton_ok
+from kernels._split_k import tile_counters
+from kernels._triton import HAS_TRITON, INTERPRET, triton, triton_ok
+
+if HAS_TRITON:
+    from kernels import quant_gemv, quant_mma
 
 _CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
+
+# Largest M served by the GEMV kernels; past it the tensor-core kernels. From the instruction
+# counts of both on sm_90 (kernels.quant_gemv's docstring): the int4 GEMV needs ~4.4-5
+# instructions per weight at M = 1 and ~8 at M = 2, against ~4 for the tensor-core kernel at any
+# M <= 16 and an issue budget of ~4.3 per weight at HBM speed; int8 has twice the budget per
+# weight (half the weights per byte) and its GEMV ~6 at M = 1, ~8.6 at M = 2. To be confirmed
+# on the GPU: `benchmarks/bench_quant_kernels.py` times both paths at the small batches.
+GEMV_MAX_M = {"int8": 2, "int4": 1}
+INT4_KERNEL_GROUPS = (32, 64, 128)
+
+# Kernel configs under TRITON_INTERPRET (no autotuning there): small, and splitting K, so the
+# tests on the CPU go through the split-K combine too.
+_INTERPRET_CONFIGS = {
+    ("gemv", "int8"): dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2),
+    ("gemv", "int4"): dict(BLOCK_N=16, BLOCK_K=128, SPLIT_K=2),
+    ("mma", "int8"): dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=2),
+    ("mma", "int4"): dict(BLOCK_N=64, GPS=2, SPLIT_K=2),
+}
 
 
 # ---------------------------------------------------------------- quantize / dequantize (torch)
@@ -122,9 +149,12 @@ def int8_linear(
     x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """x (..., K) -> (..., N) = x @ (qweight * scale)^T + bias."""
-    if not (triton_ok(x) and x.dtype in (torch.bfloat16, torch.float16)):
+    path = _path(x, "int8")
+    if path == "mma" and x.shape[-1] % 4:
+        path = None  # the tensor-core kernel reads K in 4-byte words
+    if path is None:
         return F.linear(x, dequantize_int8(qweight, scale).to(x.dtype), bias)
-    return _launch(x, qweight, bias, "int8", scale=scale)
+    return int8_triton(x, qweight, scale, bias, path)
 
 
 def int4_linear(
@@ -134,163 +164,119 @@ def int4_linear(
     mins: torch.Tensor,
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x (..., K) -> (..., N) with the int4 weight of `quantize_int4`.
-
-    Group 32 has no Triton kernel (a nibble block of 8 columns is below the tensor cores' 16):
-    it dequantizes and calls F.linear, correct everywhere but slow on a GPU."""
-    group_size = 2 * qweight.shape[1] // scales.shape[0]
-    if group_size < 64 or not (triton_ok(x) and x.dtype in (torch.bfloat16, torch.float16)):
+    """x (..., K) -> (..., N) with the int4 weight of `quantize_int4` (any group size; 32, 64 and
+    128 have kernels, others take the dequantize + F.linear fallback)."""
+    path = _path(x, "int4")
+    if path is None or 2 * qweight.shape[1] // scales.shape[0] not in INT4_KERNEL_GROUPS:
         return F.linear(x, dequantize_int4(qweight, scales, mins, x.shape[-1]).to(x.dtype), bias)
-    return _launch(x, qweight, bias, "int4", scales=scales, mins=mins)
+    return int4_triton(x, qweight, scales, mins, bias, path)
 
 
-def _block_m(M: int) -> int:
+def _path(x: torch.Tensor, kind: str) -> str | None:
+    """'gemv' / 'mma' by the rows of x, or None for the torch fallback."""
+    if not (triton_ok(x) and x.dtype in (torch.bfloat16, torch.float16)):
+        return None
+    rows = x.numel() // max(x.shape[-1], 1)
+    return "gemv" if rows <= GEMV_MAX_M[kind] else "mma"
+
+
+def int8_triton(
+    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, path: str,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """The Triton int8 kernel of `path` ('gemv' or 'mma'); `config` fixes its meta-parameters
+    instead of autotuning (tests, benchmarks). The GEMV takes M up to 8."""
+    x2, y, b, ws, ctr = _prepare(x, qweight.shape[0], bias, path)
+    M, K = x2.shape
+    N = qweight.shape[0]
+    config = _fixed_config(path, "int8", M, config)
+    if path == "gemv":
+        kernel = quant_gemv._int8_gemv_kernel if config else quant_gemv.int8_gemv
+        args = (x2, qweight, scale, b, y, ws, ctr, M, N, K, x2.stride(0), y.stride(0))
+        consts = dict(HAS_BIAS=bias is not None, BLOCK_M=_gemv_block_m(M))
+        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
+    else:
+        kernel = quant_mma._int8_mma_kernel if config else quant_mma.int8_mma
+        magic, magic_hi, c = _MMA_MAGIC[x.dtype]
+        args = (x2, qweight.view(torch.int32), scale, b, y, ws, ctr, M, N, K, x2.stride(0), y.stride(0),
+                magic, magic_hi)
+        consts = dict(HAS_BIAS=bias is not None, BLOCK_M=_mma_block_m(M), BIAS=c)
+        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(M, meta["BLOCK_M"]))  # noqa: E731
+    kernel[grid](*args, **consts, **(config or {}))
+    return y.view(*x.shape[:-1], N)
+
+
+def int4_triton(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
+    bias: torch.Tensor | None, path: str, config: dict | None = None,
+) -> torch.Tensor:
+    """The Triton int4 kernel of `path` ('gemv' or 'mma'), as `int8_triton`."""
+    x2, y, b, ws, ctr = _prepare(x, qweight.shape[0], bias, path)
+    M, K = x2.shape
+    N, NG = qweight.shape[0], scales.shape[0]
+    G = 2 * qweight.shape[1] // NG
+    config = _fixed_config(path, "int4", M, config)
+    if path == "gemv":
+        kernel = quant_gemv._int4_gemv_kernel if config else quant_gemv.int4_gemv
+        args = (x2, qweight.view(torch.int16), scales, mins, b, y, ws, ctr, M, N, K, NG,
+                x2.stride(0), y.stride(0), _FP32_128)
+        consts = dict(HAS_BIAS=bias is not None, BLOCK_M=_gemv_block_m(M), G=G)
+        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
+    else:
+        kernel = quant_mma._int4_mma_kernel if config else quant_mma.int4_mma
+        magic, _, c = _MMA_MAGIC[x.dtype]
+        args = (x2, qweight.view(torch.int32), scales, mins, b, y, ws, ctr, M, N, K, NG,
+                x2.stride(0), y.stride(0), magic)
+        consts = dict(HAS_BIAS=bias is not None, BLOCK_M=_mma_block_m(M), G=G, BIAS=c)
+        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(M, meta["BLOCK_M"]))  # noqa: E731
+    kernel[grid](*args, **consts, **(config or {}))
+    return y.view(*x.shape[:-1], N)
+
+
+# fp32 128.0, OR-ed with a nibble at bits 16..19 by the GEMV; per x dtype, for the tensor-core
+# kernels: the pair of 16-bit magics for the low lanes (c) and for int8's high lanes (16 c, with
+# the 8 of the signed high nibble folded in: see kernels.quant_mma), and c.
+_FP32_128 = 0x43000000
+_MMA_MAGIC = {torch.bfloat16: (0x43004300, 0x45084508, 128.0), torch.float16: (0x64006400, 0x74087408, 1024.0)}
+# Largest SPLIT_K of each path's configs: the size of the partials buffer.
+_MAX_SPLIT = {"gemv": 8, "mma": 16}
+_MIN_BLOCK_N = {"gemv": 16, "mma": 64}
+
+
+def _fixed_config(path: str, kind: str, M: int, config: dict | None) -> dict | None:
+    """The caller's config, or the interpreter's; None: autotune. No split past SPLIT_MAX_M rows."""
+    config = config or (_INTERPRET_CONFIGS[(path, kind)] if INTERPRET else None)
+    if config is None:
+        return None
+    if path == "mma" and M > quant_mma.SPLIT_MAX_M:
+        config = {**config, "SPLIT_K": 1}
+    if config["SPLIT_K"] > _MAX_SPLIT[path]:
+        raise ValueError(f"SPLIT_K {config['SPLIT_K']} exceeds the partials buffer ({_MAX_SPLIT[path]})")
+    return config
+
+
+def _gemv_block_m(M: int) -> int:
+    if M > 8:
+        raise ValueError(f"the GEMV kernels take at most 8 rows, not {M}")
+    return triton.next_power_of_2(M)
+
+
+def _mma_block_m(M: int) -> int:
     return 16 if M <= 16 else 32 if M <= 32 else 64
 
 
-def _launch(
-    x: torch.Tensor, qweight: torch.Tensor, bias: torch.Tensor | None, kind: str, **q: torch.Tensor
-) -> torch.Tensor:
-    shape = x.shape
-    K = shape[-1]
+def _prepare(x: torch.Tensor, N: int, bias: torch.Tensor | None, path: str):
+    """x as (M, K) with unit stride, the output (M, N), the bias pointer (y when there is none),
+    and the split-K buffers: fp32 partials (SPLIT_K, M, N) and the device's tile counters."""
+    K = x.shape[-1]
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    M, N = x2.shape[0], qweight.shape[0]
+    M = x2.shape[0]
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    BM = _block_m(M)
-    b = bias if bias is not None else y  # dummy pointer when HAS_BIAS is False
-    common = dict(HAS_BIAS=bias is not None, BLOCK_M=BM)
-    if kind == "int8":
-        args = (x2, qweight, q["scale"], b, y, M, N, K, x2.stride(0), y.stride(0))
-        if INTERPRET:
-            _int8_kernel[(triton.cdiv(N, 32), triton.cdiv(M, BM))](*args, **common, BLOCK_N=32, BLOCK_K=64)
-        else:
-            grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(M, BM))  # noqa: E731
-            _int8_tuned[grid](*args, **common)
-    else:
-        scales, mins = q["scales"], q["mins"]
-        ng = scales.shape[0]
-        G = 2 * qweight.shape[1] // ng
-        magic = _MAGIC[x.dtype]
-        w16 = qweight.view(torch.int16)  # (N, Kp/4): the 16-bit words of the format
-        args = (x2, w16, scales, mins, b, y, M, N, K, ng, x2.stride(0), y.stride(0))
-        consts = dict(**common, G=G, MAGIC=magic[0], MAGIC_VALUE=magic[1])
-        if INTERPRET:
-            _int4_kernel[(triton.cdiv(N, 32), triton.cdiv(M, BM))](*args, **consts, BLOCK_N=32, GPI=2)
-        else:
-            grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(M, BM))  # noqa: E731
-            _int4_tuned[grid](*args, **consts)
-    return y.view(*shape[:-1], N)
-
-
-# Bit pattern and value of the float whose mantissa's low bits count ones (see the docstring).
-_MAGIC = {torch.bfloat16: (0x4300, 128.0), torch.float16: (0x6400, 1024.0)}
-
-
-# ---------------------------------------------------------------- Triton kernels
-
-if HAS_TRITON:
-
-    @triton.jit
-    def _int8_kernel(
-        x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_ym,
-        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    ):  # fmt: skip
-        # Program (n, m) computes y[m-block, n-block]; it streams its BLOCK_N weight rows once.
-        pid_n, pid_m = tl.program_id(0), tl.program_id(1)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        m_ok, n_ok = rm < M, rn < N
-        x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :]  # (BM, BK)
-        w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]  # (BN, BK)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k_ok = (k0 + rk) < K
-            x = tl.load(x_ptrs + k0, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs + k0, mask=n_ok[:, None] & k_ok[None, :], other=0)
-            acc += tl.dot(x, tl.trans(w.to(x.dtype)))  # int8 values are exact in bf16/fp16
-        acc = acc * tl.load(s_ptr + rn, mask=n_ok, other=0.0)[None, :]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        y_ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-    @triton.jit
-    def _int4_kernel(
-        x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, M, N, K, NG, stride_xm, stride_ym,
-        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, G: tl.constexpr, GPI: tl.constexpr,
-        MAGIC: tl.constexpr, MAGIC_VALUE: tl.constexpr,
-    ):  # fmt: skip
-        # One group per inner step (G/4 16-bit words per weight row), GPI steps unrolled. Each
-        # word's 4 nibbles become 4 biased floats (MAGIC | q) without an int->float conversion;
-        # scale, min and bias correction are applied per group on the (BM, BN) partial.
-        Q: tl.constexpr = G // 4
-        pid_n, pid_m = tl.program_id(0), tl.program_id(1)
-        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rq = tl.arange(0, Q)
-        m_ok, n_ok = rm < M, rn < N
-        x_ptrs = x_ptr + rm[:, None] * stride_xm + rq[None, :]  # (BM, Q)
-        w_ptrs = w_ptr + rn[:, None].to(tl.int64) * (NG * Q) + rq[None, :]  # (BN, Q) words
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for g0 in range(0, NG, GPI):
-            for gi in tl.static_range(GPI):
-                g = g0 + gi
-                g_ok = g < NG
-                words = tl.load(w_ptrs + g * Q, mask=n_ok[:, None] & g_ok, other=0)  # (BN, Q) int16
-                part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                xs = tl.zeros((BLOCK_M,), dtype=tl.float32)
-                for j in tl.static_range(4):
-                    k = g * G + j * Q + rq  # columns of nibble j; >= K past the end (and when not g_ok)
-                    xj = tl.load(x_ptrs + g * G + j * Q, mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
-                    bits = ((words >> (4 * j)) & 15) | MAGIC
-                    wj = bits.to(tl.int16).to(xj.dtype, bitcast=True)  # (BN, Q) = MAGIC_VALUE + q
-                    part = tl.dot(xj, tl.trans(wj), part)
-                    xs += tl.sum(xj.to(tl.float32), axis=1)
-                s = tl.load(s_ptr + g * N + rn, mask=n_ok & g_ok, other=0.0).to(tl.float32)
-                mn = tl.load(mn_ptr + g * N + rn, mask=n_ok & g_ok, other=0.0).to(tl.float32)
-                acc += part * s[None, :] + xs[:, None] * (mn - MAGIC_VALUE * s)[None, :]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        y_ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-    # Autotuned per (N, K, BLOCK_M) on first use; CUDA-graph capture must come after a warm-up.
-    # Small BLOCK_N and few warps give enough programs to keep every SM streaming at batch 1.
-    _int8_tuned = triton.autotune(
-        configs=[
-            triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
-            for bn in (16, 32, 64)
-            for bk in (256, 512)
-            for st in (3, 4)
-            for w in (4,)
-        ]
-        + [
-            triton.Config({"BLOCK_N": 16, "BLOCK_K": 1024}, num_warps=4, num_stages=3),
-            triton.Config({"BLOCK_N": 32, "BLOCK_K": 1024}, num_warps=8, num_stages=3),
-            triton.Config({"BLOCK_N": 16, "BLOCK_K": 512}, num_warps=2, num_stages=4),
-            triton.Config({"BLOCK_N": 64, "BLOCK_K": 256}, num_warps=8, num_stages=4),
-        ],
-        key=["N", "K", "BLOCK_M"],
-        cache_results=True,
-    )(_int8_kernel)
-    # int4 is tuned per (N, K, BLOCK_M, G): four projections x three BLOCK_M values at a peer's
-    # start. With 21 configs that was ~250 compile-and-time runs, minutes before an int4 peer
-    # could serve; 9 configs keep every BLOCK_N and the two unroll depths, and cache_results
-    # keeps the choice on disk so a restarted or moving peer does not tune again.
-    _int4_tuned = triton.autotune(
-        configs=[
-            triton.Config({"BLOCK_N": bn, "GPI": gpi}, num_warps=4, num_stages=3)
-            for bn in (16, 32, 64)
-            for gpi in (1, 2)
-        ]
-        + [
-            triton.Config({"BLOCK_N": 16, "GPI": 2}, num_warps=2, num_stages=4),
-            triton.Config({"BLOCK_N": 128, "GPI": 1}, num_warps=8, num_stages=3),
-            triton.Config({"BLOCK_N": 64, "GPI": 2}, num_warps=8, num_stages=4),
-        ],
-        key=["N", "K", "BLOCK_M", "G"],
-        cache_results=True,
-    )(_int4_kernel)
+    splits = path == "gemv" or M <= quant_mma.SPLIT_MAX_M
+    # Same size on every call of one shape (CUDA graphs replay the pointer the capture saw).
+    ws = torch.empty((_MAX_SPLIT[path] * M * N if splits else 1,), dtype=torch.float32, device=x.device)
+    m_tiles = 1 if path == "gemv" else triton.cdiv(M, _mma_block_m(M))
+    ctr = tile_counters(x.device, triton.cdiv(N, _MIN_BLOCK_N[path]) * m_tiles if splits else 0)
+    return x2, y, bias if bias is not None else y, ws, ctr
