@@ -93,6 +93,16 @@ def write_checkpoint(path: Path) -> int:
     return total
 
 
+def checkpoint(path: Path) -> int:
+    """The checkpoint at `path`, written first unless an earlier run left it there; its layer weight bytes."""
+    if not (path / "model.safetensors.index.json").exists():
+        path.mkdir(parents=True, exist_ok=True)
+        return write_checkpoint(path)
+    c = LLAMA2_7B
+    H, F = c["hidden_size"], c["intermediate_size"]
+    return c["num_hidden_layers"] * (4 * H * H + 3 * H * F + 2 * H) * 2  # bf16, what write_checkpoint counts
+
+
 def prompt(seed: int) -> torch.Tensor:
     return torch.randint(3, LLAMA2_7B["vocab_size"] - 1, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(seed))
 
@@ -271,6 +281,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--setups", default=",".join(SETUPS))
     parser.add_argument("--no-hf", action="store_true", help="Skip the transformers anchor.")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="Folder of the random checkpoint: reused when an earlier run wrote it (default: a new "
+                             "temporary folder).")
     parser.add_argument("--profile", action="store_true",
                         help="After each setup's batch-1 timing, record py-spy profiles of the client and peers "
                              "during ~5 s of decoding ($OUT/profile-SETUP-WHO.txt, raw format).")
@@ -279,11 +292,11 @@ def main() -> None:
     out_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-swarm-"))
-    model_path = work / "llama2-7b-shaped"
-    model_path.mkdir()
+    model_path = args.checkpoint or work / "llama2-7b-shaped"
     t0 = time.perf_counter()
-    weight_bytes = write_checkpoint(model_path)
-    print(f"{dev.name}: wrote a random Llama-2-7B-shaped checkpoint in {time.perf_counter() - t0:.0f} s", flush=True)
+    weight_bytes = checkpoint(model_path)
+    print(f"{dev.name}: a random Llama-2-7B-shaped checkpoint at {model_path} ({time.perf_counter() - t0:.0f} s)",
+          flush=True)
     bw = copy_bandwidth()
     # bytes / (TB/s) -> ms; int8 is half the bf16 bytes, int4 group 128 about 4.25 bits per weight.
     floors = {mode: weight_bytes / ratio / (bw * 1e12) * 1e3 for mode, ratio in (("none", 1), ("int8", 2), ("int4", 3.76))}

@@ -36,7 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_gpu_swarm import write_checkpoint  # noqa: E402
+from benchmarks.bench_gpu_swarm import checkpoint  # noqa: E402
 from benchmarks.bench_swarm_latency import stream_round_trips  # noqa: E402
 from client import DistributedModel  # noqa: E402
 from client.local_swarm import LocalSwarm  # noqa: E402
@@ -49,6 +49,25 @@ def median_ms(fn, steps: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times[steps // 10:]) * 1e3  # the first tenth is warm-up
+
+
+IDLE_GAP_S = 0.0035  # about one 7B decode step on an H200: how long threads sleep between messages
+
+
+def handoff_ms(model: DistributedModel, gap: float, rounds: int = 300) -> float:
+    """The caller's hand-off to the client's loop thread and back (what every `session.step` pays)."""
+
+    async def nothing() -> None:
+        return None
+
+    times = []
+    for _ in range(rounds):
+        if gap:
+            time.sleep(gap)
+        start = time.perf_counter()
+        model.loop.run(nothing())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def generate_ms(model: DistributedModel, tokens: int) -> float:
@@ -119,15 +138,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--profile", action="store_true", help="py-spy the client and peer; torch profiler table")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="CUDA: folder of the random Llama-2-7B-shaped checkpoint, reused when it is there")
     args = parser.parse_args()
     out_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-breakdown-"))
     cuda = args.device == "cuda"
     if cuda:
-        model_path = work / "llama2-7b-shaped"
-        model_path.mkdir()
-        write_checkpoint(model_path)
+        model_path = args.checkpoint or work / "llama2-7b-shaped"
+        checkpoint(model_path)
         peer_args, dtype, layers = ["--device", "cuda", "--dtype", "bfloat16", "--cache-tokens", "8192"], torch.bfloat16, "0:32"
     else:
         from tests.tiny_models import build_tiny_model
@@ -137,9 +157,12 @@ def main() -> None:
         swarm.start_dht()
         peer = swarm.start_peer(model_path, layers, *peer_args, "--model-name", "breakdown")
         bare_ms = stream_round_trips(swarm.initial_peers, 300, 64 * 4 + 64)[0] * 1e3
+        bare_idle_ms = stream_round_trips(swarm.initial_peers, 200, 64 * 4 + 64, gap=IDLE_GAP_S)[0] * 1e3
         with DistributedModel.from_pretrained(model_path, swarm.initial_peers, model_name="breakdown",
                                               device=args.device, dtype=dtype) as model:
             row = measure(model, peer.peer_id, args.steps)
+            row["loop_handoff_idle_ms"] = handoff_ms(model, IDLE_GAP_S)
+            row["loop_handoff_busy_ms"] = handoff_ms(model, 0.0)
             if args.profile:
                 spies = [spy(pid, out_dir / f"breakdown-{who}.txt", 5) for who, pid in
                          (("client", os.getpid()), ("peer", peer.pid))]
@@ -152,6 +175,7 @@ def main() -> None:
                         s.wait(timeout=60)
                 torch_profile(model, out_dir / "breakdown-client-torch.txt")
     row["bare_rtt_ms"] = bare_ms
+    row["bare_rtt_after_idle_ms"] = bare_idle_ms
     row["transport_ms"] = row["step_ms"] - row["peer_compute_ms"]
     row["loop_rest_ms"] = row["generate_ms"] - row["step_ms"] - row["head_ms"]
     print(f"\none decode token on {row['device']}, 1 peer, batch 1 (medians over {args.steps} tokens), ms")
@@ -159,6 +183,9 @@ def main() -> None:
                        ("step_ids_ms", "  step with token ids (as generate sends)"),
                        ("peer_compute_ms", "    peer compute (busy in run_batch)"),
                        ("transport_ms", "    transport + handlers"), ("bare_rtt_ms", "      of which bare round trip"),
+                       ("bare_rtt_after_idle_ms", f"      bare round trip after {IDLE_GAP_S * 1e3:g} ms idle"),
+                       ("loop_handoff_busy_ms", "    client thread -> loop -> back, back to back"),
+                       ("loop_handoff_idle_ms", f"    same, after {IDLE_GAP_S * 1e3:g} ms idle"),
                        ("head_ms", "  head (embed, norm, LM head, argmax)"), ("loop_rest_ms", "  generation loop rest")):
         print(f"{label:40} {row[key]:8.3f}")
     row["date"] = time.strftime("%Y-%m-%d")

@@ -36,9 +36,12 @@ CHAINS = {1: ["0:6"], 2: ["0:3", "3:6"], 3: ["0:2", "2:4", "4:6"]}
 PREFILL_TOKENS = 2048
 
 
-def stream_round_trips(initial_peers: list[str], rounds: int, payload: int) -> tuple[float, float]:
+def stream_round_trips(initial_peers: list[str], rounds: int, payload: int, gap: float = 0.0) -> tuple[float, float]:
     """Medians over a raw binary stream between two p2pd daemons: a `payload`-byte round trip, and a
-    2048 x 576 float32 hidden-state tensor sent with our framing and codec and echoed back."""
+    2048 x 576 float32 hidden-state tensor sent with our framing and codec and echoed back.
+
+    `gap` seconds of idleness before each small round trip: a decode step's messages wait that long
+    (the peer's compute) for their turn, and threads that went to sleep meanwhile wake slower."""
 
     async def run() -> float:
         server, client = (SwarmNode(initial_peers=initial_peers) for _ in range(2))
@@ -58,6 +61,8 @@ def stream_round_trips(initial_peers: list[str], rounds: int, payload: int) -> t
             _, reader, writer = await p_cli.call_binary_stream_handler(PeerID.from_base58(server.peer_id), "bench/echo")
             data, times = b"x" * payload, []
             for _ in range(rounds):
+                if gap:
+                    time.sleep(gap)  # blocks this loop too, as a busy peer would not answer sooner
                 t = time.perf_counter()
                 await write_frame(writer, data)
                 await read_frame(reader, 2**24)

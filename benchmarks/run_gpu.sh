@@ -3,15 +3,17 @@
 # and transformers (e.g. the lent H200). Wheels of what it lacks (hivemind and friends: see
 # ../shared/gpu/fetch-wheels.sh) may sit in .whl/; they are installed into /tmp/site first.
 #
-#   bash benchmarks/run_gpu.sh [tests] [bench-kernels] [bench-swarm SETUPS] [bench-quant]
+#   bash benchmarks/run_gpu.sh [tests] [bench-kernels] [bench-swarm SETUPS] [breakdown] [bench-quant]
 #
+# bench-swarm and breakdown share one random Llama-2-7B-shaped checkpoint ($CKPT, written once).
 # Everything is written under $OUT (default benchmarks/results/gpu): test log, benchmark logs, JSON.
-# Each step has a time limit in seconds (T_TESTS, T_KERNELS, T_SWARM, T_QUANT) so one call fits a lease;
+# Each step has a time limit in seconds (T_TESTS, T_KERNELS, T_SWARM, T_BREAKDOWN, T_QUANT) so one call fits a lease;
 # TEST_FILES picks the test files of the `tests` step (default: every GPU test file).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
+CKPT=${CKPT:-/tmp/llama2-7b-shaped}
 export OUT PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -34,7 +36,11 @@ while [ $# -gt 0 ]; do
       timeout "${T_KERNELS:-300}" python3 benchmarks/bench_gpu.py --steps 30 --no-hf 2>&1 | tee "$OUT/bench_gpu.log" | tail -20 ;;
     bench-swarm)
       shift
-      timeout "${T_SWARM:-540}" python3 benchmarks/bench_gpu_swarm.py --setups "$1" ${SWARM_ARGS:-} 2>&1 | tee "$OUT/bench_gpu_swarm.log" | tail -25 ;;
+      timeout "${T_SWARM:-540}" python3 benchmarks/bench_gpu_swarm.py --setups "$1" --checkpoint "$CKPT" ${SWARM_ARGS:-} \
+        2>&1 | tee "$OUT/bench_gpu_swarm.log" | tail -25 ;;
+    breakdown)
+      timeout "${T_BREAKDOWN:-240}" python3 benchmarks/bench_step_breakdown.py --checkpoint "$CKPT" 2>&1 \
+        | tee "$OUT/bench_step_breakdown.log" | tail -14 ;;
     bench-quant)
       timeout "${T_QUANT:-300}" python3 benchmarks/bench_quant_kernels.py 2>&1 | tee "$OUT/bench_quant.log" | tail -30 ;;
     *) echo "unknown step $1" >&2; exit 2 ;;
