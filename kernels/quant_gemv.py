@@ -141,9 +141,9 @@ if HAS_TRITON:
 
     int4_gemv = triton.autotune(
         configs=[
-            _cfg(16, 512, 1), _cfg(32, 512, 1), _cfg(64, 512, 1, 8),
-            _cfg(16, 512, 4), _cfg(32, 512, 4), _cfg(64, 512, 8), _cfg(128, 256, 8, 8),
-            _cfg(32, 1024, 2), _cfg(64, 1024, 4, 8),
+            _cfg(16, 512, 1), _cfg(64, 512, 1, 8), _cfg(128, 256, 1, 8),
+            _cfg(16, 512, 4), _cfg(16, 256, 8), _cfg(64, 512, 8), _cfg(128, 256, 8, 8),
+            _cfg(64, 256, 4, 8), _cfg(32, 256, 4, 8),
         ],
         key=["N", "K", "BLOCK_M", "G"],
         cache_results=True,
@@ -152,8 +152,8 @@ if HAS_TRITON:
     int8_gemv = triton.autotune(
         configs=[
             _cfg(16, 1024, 1), _cfg(32, 512, 1), _cfg(64, 512, 1, 8),
-            _cfg(16, 1024, 4), _cfg(32, 512, 4), _cfg(32, 1024, 8), _cfg(64, 512, 8, 8),
-            _cfg(16, 2048, 2), _cfg(32, 2048, 4, 8),
+            _cfg(16, 1024, 4), _cfg(32, 512, 4), _cfg(64, 512, 8, 8), _cfg(32, 512, 8),
+            _cfg(16, 2048, 2), _cfg(64, 512, 4, 8),
         ],
         key=["N", "K", "BLOCK_M"],
         cache_results=True,

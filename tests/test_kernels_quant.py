@@ -1,4 +1,8 @@
-"""Quantized linear kernels vs torch references (GPU, or Triton's interpreter), and the CPU fallback."""
+"""Quantized linear kernels vs float64 references (GPU, or Triton's interpreter), and the CPU fallback.
+
+Under TRITON_INTERPRET=1 the kernels run on the CPU with the small fixed configs of
+`kernels.quant_matmul._INTERPRET_CONFIGS` (which split K, so the split-K combine is exercised);
+on a GPU the public ops autotune and the explicit-config tests pin each path's corner cases."""
 
 from __future__ import annotations
 
@@ -8,68 +12,129 @@ import torch.nn.functional as F
 
 from kernels._triton import INTERPRET
 from kernels.quant_matmul import (
+    GEMV_MAX_M,
     dequantize_int4,
     dequantize_int8,
     int4_linear,
+    int4_triton,
     int8_linear,
+    int8_triton,
     quantize_int4,
     quantize_int8,
 )
 from tests.kernel_helpers import kernel_device, kernel_dtype, rel_err
 
-SHAPES = [(1, 256, 512), (3, 96, 576), (16, 64, 4096), (33, 160, 320), (64, 128, 1100)]
+# (M, N, K): ragged N (not a multiple of any BLOCK_N), K not a multiple of the K block, and for
+# int4 not of the group either (padded groups); M = 1, 2, 3, 8 (GEMV-sized), 16, 33 (two M tiles).
+SHAPES = [(1, 72, 200), (2, 40, 96), (3, 96, 260), (8, 33, 128), (16, 64, 320), (33, 48, 100)]
 
 
-def _poisoned_linear(fn, *args):
-    """Run with the output allocator poisoned: NaN anywhere unwritten would show."""
-    torch.manual_seed(1234)
-    return fn(*args)
+def _poison(dev: torch.device, dt: torch.dtype) -> None:
+    """Fill the caching allocator's next blocks with NaN, so an output element never written shows."""
+    for n in (1 << 10, 1 << 14, 1 << 16):
+        junk = torch.full((n,), float("nan"), dtype=dt, device=dev)
+        del junk
+
+
+def _case(M: int, N: int, K: int, bias: bool, seed: int = 0):
+    dev = kernel_device()
+    dt = kernel_dtype(dev)
+    gen = torch.Generator().manual_seed(seed)
+    w = (torch.randn(N, K, generator=gen) * 0.05).to(dev)
+    x = torch.randn(M, K, generator=gen).to(dev, dt)
+    b = torch.randn(N, generator=gen).to(dev, dt) if bias else None
+    return dev, dt, w, x, b
+
+
+def _ref(x: torch.Tensor, deq: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x.double(), deq.double(), None if b is None else b.double())
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K", SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_int8_kernel_matches_reference(M: int, N: int, K: int, bias: bool) -> None:
-    dev = kernel_device()
-    dt = kernel_dtype(dev)
-    w = torch.randn(N, K, device=dev) * 0.05
-    x = torch.randn(M, K, device=dev).to(dt)
-    b = torch.randn(N, device=dev).to(dt) if bias else None
+def test_int8_linear_matches_reference(M: int, N: int, K: int, bias: bool) -> None:
+    dev, dt, w, x, b = _case(M, N, K, bias)
     q, s = quantize_int8(w)
-    ref = F.linear(x.double(), dequantize_int8(q, s).double(), None if b is None else b.double())
+    _poison(dev, dt)
     out = int8_linear(x, q, s, b)
     assert out.shape == (M, N) and out.dtype == dt
-    assert rel_err(out, ref) < 1e-2
+    assert rel_err(out, _ref(x, dequantize_int8(q, s), b)) < 1e-2
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M,N,K", SHAPES)
-@pytest.mark.parametrize("group_size", [64, 128])
-def test_int4_kernel_matches_reference(M: int, N: int, K: int, group_size: int) -> None:
-    dev = kernel_device()
-    dt = kernel_dtype(dev)
-    w = torch.randn(N, K, device=dev) * 0.05
-    x = torch.randn(M, K, device=dev).to(dt)
-    b = torch.randn(N, device=dev).to(dt)
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_int4_linear_matches_reference(M: int, N: int, K: int, group_size: int) -> None:
+    dev, dt, w, x, b = _case(M, N, K, bias=M % 2 == 1)  # half the shapes with a bias
     q, s, m = quantize_int4(w, group_size)
-    ref = F.linear(x.double(), dequantize_int4(q, s, m, K).double(), b.double())
+    _poison(dev, dt)
     out = int4_linear(x, q, s, m, b)
-    assert out.shape == (M, N)
-    assert rel_err(out, ref) < 1e-2
+    assert out.shape == (M, N) and out.dtype == dt
+    assert rel_err(out, _ref(x, dequantize_int4(q, s, m, K), b)) < 1e-2
+
+
+# Each path at M it does not normally serve, and configs that hit the corners: more splits than
+# K steps (empty splits), no split, a K step wider than K, several groups per tensor-core step.
+GEMV_CONFIGS = [dict(BLOCK_N=16, BLOCK_K=256, SPLIT_K=1), dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=8)]
+MMA8_CONFIGS = [dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=1), dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8)]
+MMA4_CONFIGS = [dict(BLOCK_N=64, GPS=1, SPLIT_K=1), dict(BLOCK_N=64, GPS=4, SPLIT_K=4)]
 
 
 @pytest.mark.gpu
-def test_quant_kernels_write_every_element() -> None:
-    """Outputs come from torch.empty; fill the caching allocator with NaN first so stale memory is NaN."""
-    dev = kernel_device()
-    dt = kernel_dtype(dev)
-    for _ in range(3):
-        junk = torch.full((64 * 1024,), float("nan"), dtype=dt, device=dev)
-        del junk  # the next allocation of this size class reuses the NaN block
-        x = torch.randn(37, 384, device=dev).to(dt)
-        w = torch.randn(200, 384, device=dev)
-        assert not torch.isnan(int8_linear(x, *quantize_int8(w))).any()
-        assert not torch.isnan(int4_linear(x, *quantize_int4(w, 64))).any()
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("config", GEMV_CONFIGS)
+def test_gemv_paths_match_reference(M: int, config: dict) -> None:
+    dev, dt, w, x, b = _case(M, 50, 328, bias=True, seed=M)
+    q, s = quantize_int8(w)
+    _poison(dev, dt)
+    assert rel_err(int8_triton(x, q, s, b, "gemv", config), _ref(x, dequantize_int8(q, s), b)) < 1e-2
+    for g in (32, 64, 128):
+        q4, s4, m4 = quantize_int4(w, g)
+        _poison(dev, dt)
+        out = int4_triton(x, q4, s4, m4, b, "gemv", config)
+        assert rel_err(out, _ref(x, dequantize_int4(q4, s4, m4, 328), b)) < 1e-2, g
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 2, 17])
+@pytest.mark.parametrize("configs", list(zip(MMA8_CONFIGS, MMA4_CONFIGS)))
+def test_mma_paths_match_reference(M: int, configs: tuple[dict, dict]) -> None:
+    dev, dt, w, x, b = _case(M, 70, 328, bias=True, seed=M)
+    q, s = quantize_int8(w)
+    _poison(dev, dt)
+    assert rel_err(int8_triton(x, q, s, b, "mma", configs[0]), _ref(x, dequantize_int8(q, s), b)) < 1e-2
+    for g in (32, 64, 128):
+        q4, s4, m4 = quantize_int4(w, g)
+        _poison(dev, dt)
+        out = int4_triton(x, q4, s4, m4, b, "mma", configs[1])
+        assert rel_err(out, _ref(x, dequantize_int4(q4, s4, m4, 328), b)) < 1e-2, g
+
+
+@pytest.mark.gpu
+def test_split_k_counters_reset_between_calls() -> None:
+    """The split-K counters are left zero by each launch: repeated calls give identical outputs
+    (the partials are summed in a fixed order), including after another shape used them."""
+    dev, dt, w, x, _ = _case(1, 80, 256, bias=False)
+    q4, s4, m4 = quantize_int4(w, 64)
+    cfg = dict(BLOCK_N=16, BLOCK_K=128, SPLIT_K=2)
+    first = int4_triton(x, q4, s4, m4, None, "gemv", cfg)
+    int4_triton(x[:, :128], *quantize_int4(w[:40, :128], 64), None, "gemv", cfg)
+    again = int4_triton(x, q4, s4, m4, None, "gemv", cfg)
+    assert torch.equal(first, again)
+
+
+@pytest.mark.gpu
+def test_dispatch_threshold() -> None:
+    """Rows up to GEMV_MAX_M take the GEMV: both paths agree with each other there and one row
+    past it (the tensor-core path), through the public op with a leading batch dimension."""
+    dev, dt, w, _, _ = _case(1, 64, 256, bias=False)
+    q, s = quantize_int8(w)
+    for M in (GEMV_MAX_M["int8"], GEMV_MAX_M["int8"] + 1):
+        x = torch.randn(1, M, 256).to(dev, dt)
+        ref = _ref(x, dequantize_int8(q, s), None)
+        assert int8_linear(x, q, s).shape == (1, M, 64)
+        assert rel_err(int8_linear(x, q, s), ref) < 1e-2
 
 
 # ---------------------------------------------------------------- CPU: formats and fallbacks
@@ -83,7 +148,7 @@ def test_int8_roundtrip_error_bound() -> None:
     assert (err <= s[:, None] / 2 + 1e-6).all()  # rounding error at most half a step
 
 
-@pytest.mark.parametrize("group_size", [64, 128])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
 def test_int4_roundtrip_error_bound(group_size: int) -> None:
     w = torch.randn(48, 200)  # 200 is not a multiple of either group size: padded
     q, s, m = quantize_int4(w, group_size)
@@ -132,9 +197,9 @@ def test_cpu_fallbacks_match_dequantized_linear(dtype: torch.dtype) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (too slow for the interpreter)")
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("mode,group_size", [("int8", 128), ("int4", 128), ("int4", 32)])
 @pytest.mark.parametrize("N,K", [(12288, 4096), (4096, 11008), (4096, 4096)])
-def test_quant_linear_llama_shapes_in_cuda_graph(mode: str, N: int, K: int) -> None:
+def test_quant_linear_llama_shapes_in_cuda_graph(mode: str, group_size: int, N: int, K: int) -> None:
     """Decode batch sizes 1-32 (and a prefill chunk) at Llama-2-7B shapes match the reference,
     eagerly and replayed from a CUDA graph (no host sync, no value-dependent branching)."""
     from shards.quant import QuantLinear
@@ -142,9 +207,9 @@ def test_quant_linear_llama_shapes_in_cuda_graph(mode: str, N: int, K: int) -> N
     torch.manual_seed(0)
     lin = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
     lin.weight.data.normal_(0, 0.02)
-    ql = QuantLinear.from_linear(lin, mode, 128)
+    ql = QuantLinear.from_linear(lin, mode, group_size)
     deq = dequantize_int8(ql.qweight, ql.scale) if mode == "int8" else dequantize_int4(ql.qweight, ql.scales, ql.mins, K)
-    for M in (1, 5, 16, 32, 200):
+    for M in (1, 2, 3, 16, 32, 200):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         ref = x.double() @ deq.double().t()
         assert rel_err(ql(x), ref) < 1e-2, (M, "eager")
@@ -161,13 +226,3 @@ def test_quant_linear_llama_shapes_in_cuda_graph(mode: str, N: int, K: int) -> N
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, static_x.double() @ deq.double().t()) < 1e-2, (M, "graph")
-
-
-def test_int4_group_32_falls_back_to_dequantized_linear() -> None:
-    """Group 32 has no Triton kernel: every device takes the dequantize + F.linear path."""
-    x = torch.randn(3, 100)
-    w = torch.randn(40, 100) * 0.1
-    q, s, m = quantize_int4(w, 32)
-    assert s.shape == (4, 40)
-    assert torch.allclose(int4_linear(x, q, s, m), F.linear(x, dequantize_int4(q, s, m, 100)))
-    assert rel_err(dequantize_int4(q, s, m, 100), w) < 0.08  # finer groups: smaller error than g64/g128
