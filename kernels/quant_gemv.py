@@ -31,8 +31,11 @@ from kernels._split_k import split_k_epilogue
 from kernels._triton import HAS_TRITON, tl, triton
 
 if HAS_TRITON:
+    # M and NG are not specialised (M == 1, % 16): each value would compile every config again
+    # at a peer's start (M = 1, 4, 16 are three variants otherwise), for no faster code: M only
+    # bounds loops and masks, and NG's row stride is a multiple of G/4 words whatever NG is.
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])
     def _int8_gemv_kernel(
         x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, ctr_ptr, M, N, K, stride_xm, stride_ym,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -70,7 +73,7 @@ if HAS_TRITON:
         one LOP3 (with two immediates it needs two)."""
         return (((w32 << (16 - 4 * J)) & 0xF0000) | MAGIC).to(tl.float32, bitcast=True)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M", "NG"])
     def _int4_gemv_kernel(
         x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, ws_ptr, ctr_ptr, M, N, K, NG, stride_xm, stride_ym, MAGIC,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, G: tl.constexpr,

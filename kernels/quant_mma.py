@@ -60,7 +60,8 @@ if HAS_TRITON:
         f = tl.arange(0, G)
         return ((f // 2) % 4) * (G // 4) + 2 * (f // 8) + f % 2  # (G,)
 
-    @triton.jit
+    # M and NG are not specialised (see kernels.quant_gemv): fewer compiles, the same code.
+    @triton.jit(do_not_specialize=["M", "NG"])
     def _int4_mma_kernel(
         x_ptr, w_ptr, s_ptr, mn_ptr, b_ptr, y_ptr, ws_ptr, ctr_ptr, M, N, K, NG, stride_xm, stride_ym, MAGIC2,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, G: tl.constexpr, BIAS: tl.constexpr,
@@ -104,7 +105,7 @@ if HAS_TRITON:
         f = tl.arange(0, 2 * BLOCK_K)
         return 4 * (f // 8) + (f // 4) % 2 + 2 * (f % 2)  # (2 BK,)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])
     def _int8_mma_kernel(
         x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, ws_ptr, ctr_ptr, M, N, K, stride_xm, stride_ym, MAGIC2, MAGIC_HI2,
         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BIAS: tl.constexpr,
