@@ -16,13 +16,14 @@ SM per clock on Hopper, against the 16-30 weights per SM per clock that HBM deli
 - int8: w * 2^15 + 0x43400000 (fp32 192.0) is 192 + w/2 for w in [-128, 127], exactly; then
   sum x w = 2 (sum x (192 + w/2) - 192 sum x).
 
-Why the GEMV stops at M = 1 (int4) / 2 (int8), from the sm_90 SASS of these kernels (counted
-per weight in the inner loop): int4 costs ~4.4-5 instructions per weight at M = 1 (shift + LOP3
-+ FFMA + x staging and reductions), ~8 at M = 2; HBM delivers ~30 int4 weights per SM per
-clock and an SM issues 128 thread-instructions per clock, so past M = 1 the GEMV is bound by
-instruction issue, where the tensor-core kernels (`kernels.quant_mma`, ~4 per weight whatever
-M <= 16) are not. int8 (~6 at M = 1, ~8.6 at M = 2, 13 at M = 4) has twice the budget per
-weight (8 at ~16 weights per SM per clock).
+Why the GEMV stops at M = 1 (int4) / 2 (int8), from the sm_90 SASS of these kernels (ptxas of
+Triton 3.6, instructions of the inner loop per weight): int4 costs 5.3-7.2 per weight at M = 1
+by config (4.4-5 at the margin: shift + LOP3 + FFMA + converting x, staged through shared
+memory), 8-11 at M = 2. HBM delivers ~30 int4 weights per SM per clock and an SM issues 128
+thread-instructions per clock (~4.3 per weight), so the int4 GEMV is issue-bound already at M = 1
+and more so after, where the tensor-core kernel (`kernels.quant_mma`, 3.8-4.3 per weight for
+G = 128 whatever M <= 16) is not. int8 (4.7-5 at M = 1, 7-7.8 at M = 2) has twice the budget
+per weight (~8 at ~16 weights per SM per clock).
 """
 
 from __future__ import annotations

@@ -42,11 +42,12 @@ if HAS_TRITON:
 _CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75)
 
 # Largest M served by the GEMV kernels; past it the tensor-core kernels. From the instruction
-# counts of both on sm_90 (kernels.quant_gemv's docstring): the int4 GEMV needs ~4.4-5
-# instructions per weight at M = 1 and ~8 at M = 2, against ~4 for the tensor-core kernel at any
-# M <= 16 and an issue budget of ~4.3 per weight at HBM speed; int8 has twice the budget per
-# weight (half the weights per byte) and its GEMV ~6 at M = 1, ~8.6 at M = 2. To be confirmed
-# on the GPU: `benchmarks/bench_quant_kernels.py` times both paths at the small batches.
+# counts of both on sm_90 (kernels.quant_gemv's docstring): the int4 GEMV needs 5.3-7.2
+# instructions per weight at M = 1 and 8-11 at M = 2, the tensor-core kernel 3.8-4.3 (g128) at
+# any M <= 16, against an issue budget of ~4.3 per weight at HBM speed; int8 has twice the budget
+# per weight (half the weights per byte) and its GEMV 4.7-5 at M = 1, 7-7.8 at M = 2. At M = 1 the
+# GEMV still has 4x more programs per row (no 128-row wgmma tiles) and no idle tensor-core rows.
+# To be confirmed on the GPU: `benchmarks/bench_quant_kernels.py --paths` times both paths.
 GEMV_MAX_M = {"int8": 2, "int4": 1}
 INT4_KERNEL_GROUPS = (32, 64, 128)
 

@@ -20,9 +20,11 @@ Column order: a (BN, G) operand is built as join(join(n0, n2), join(n1, n3)) of 
 pairs and split into 16-bit lanes, which costs no data movement, so its K index f is not the
 weight's column; x^T is loaded through the same permutation (`_int4_cols`, `_int8_cols`).
 
-Instruction counts from the sm_90 SASS (inner loop, per weight, BLOCK_M 16): int4 G=128 3.8-4.0
-(BN 128-256), G=64 ~5, G=32 ~8 with one group per step, which is why G <= 64 steps over several
-groups (GPS) at once.
+Instruction counts from the sm_90 SASS (inner loop, per weight, BLOCK_M 16): int4 G = 128
+3.8-4.3 (BN 128-256), G = 64 ~5, G = 32 ~8-9 (7.9 with 4 groups per step, GPS): the per-group
+accumulator scaling and wgmma fences are spread over 4x fewer weights. For g32 a variant that
+dequantizes in fp32 (one FFMA per weight) and runs one dot over many groups is the next thing
+to measure. Past 32 rows (BLOCK_M 64) 6.4-8.5 for G = 128.
 """
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ if HAS_TRITON:
     #   x bytes / weight bytes = 4 BM / BN for int4) and half the tiles.
     # - BN 64: more tiles for N = 4096 at M > 32, where there is no split.
     # - SPLIT_K 2-16: N = 4096 has 16-32 tiles of 128-256 rows; 4096 / 128 x 8 = 256 programs.
-    # - GPS 2 / 4 (int4): G = 32 / 64 pay a fixed cost per step (fences, accumulator scaling).
+    # - GPS 2 / 4 (int4): several groups per loop step, fewer loop overheads per weight at G = 32 / 64.
     # - num_stages 3 / 4: the loads are pipelined through shared memory (cp.async); more stages,
     #   more bytes in flight per program where there are few programs.
     def _cfg4(bn: int, gps: int, sk: int, warps: int, stages: int = 3) -> triton.Config:
