@@ -16,11 +16,15 @@ each extra node of a decode graph costs ~1-2 us, times 64 split matmuls per Llam
 sum is deterministic (fixed order, no float atomics). No spinning, so no deadlock whatever order
 the programs are scheduled in.
 
-The counters live in one zeroed int32 buffer per device, allocated once and left zero by every
-launch (the last program resets its tile's counter), so there is no memset per call and the
-pointer is stable inside CUDA graphs. The price: two of these kernels must not run at the same
-time on two streams of one device (they would share counters). The project runs its model on
-one stream per device; a multi-stream user would need one buffer per stream.
+The counters live in a zeroed int32 buffer, allocated once and left zero by every launch (the
+last program resets its tile's counter), so there is no memset per call and the pointer is
+stable inside CUDA graphs. Two launches that share a buffer must not run at the same time, or
+they would count each other's programs (and could leave a counter stuck). So each quantized
+linear layer owns its buffer (`new_counters`, kept by `shards.quant.QuantLinear`): a peer moving
+to new layers warms up, captures and measures the new shard's graphs while the old shard
+replays its own, on other streams and threads, and the two never touch the same counters. One
+module's launches run one after another on one stream. Callers that pass no buffer (tests,
+benchmarks) share one per device, which is safe on one stream.
 """
 
 from __future__ import annotations
@@ -36,17 +40,22 @@ MAX_TILES = 1 << 16
 _counters: dict[torch.device, torch.Tensor] = {}
 
 
-def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """The device's zeroed counter buffer (int32, MAX_TILES), allocated on first use."""
-    if tiles > MAX_TILES:
-        raise ValueError(f"{tiles} output tiles exceed the split-K counter buffer ({MAX_TILES})")
-    buf = _counters.get(device)
+def new_counters(tiles: int, device: torch.device) -> torch.Tensor:
+    """A zeroed counter buffer for launches of at most `tiles` output tiles."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # Allocated inside a capture it would live in the graph's private pool; a warm-up call
+        # (needed anyway for the autotuner, which cannot run inside a capture) allocates it.
+        raise RuntimeError("quantized matmul first called inside CUDA graph capture; run it once eagerly first")
+    return torch.zeros(tiles, dtype=torch.int32, device=device)
+
+
+def tile_counters(device: torch.device, tiles: int, owned: torch.Tensor | None = None) -> torch.Tensor:
+    """`owned` (the caller's buffer), or the device's shared one (MAX_TILES), checked to fit `tiles`."""
+    buf = owned if owned is not None else _counters.get(device)
     if buf is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # Allocated inside a capture it would live in the graph's private pool; a warm-up call
-            # (needed anyway for the autotuner, which cannot run inside a capture) allocates it.
-            raise RuntimeError("quantized matmul first called inside CUDA graph capture; run it once eagerly first")
-        buf = _counters[device] = torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+        buf = _counters[device] = new_counters(MAX_TILES, device)
+    if tiles > buf.numel():
+        raise ValueError(f"{tiles} output tiles exceed the split-K counter buffer ({buf.numel()})")
     return buf
 
 

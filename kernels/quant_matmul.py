@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._split_k import tile_counters
+from kernels._split_k import new_counters, tile_counters
 from kernels._triton import HAS_TRITON, INTERPRET, triton, triton_ok
 
 if HAS_TRITON:
@@ -146,16 +146,26 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Ten
 # ---------------------------------------------------------------- public ops
 
 
+def split_k_counters(out_features: int, device: torch.device) -> torch.Tensor:
+    """A split-K counter buffer for one weight of `out_features` rows, on either path and any M
+    (splits run only while the output has one row tile: see `_prepare`); see `kernels._split_k`."""
+    return new_counters(triton.cdiv(out_features, min(_MIN_BLOCK_N.values())), device)
+
+
 def int8_linear(
-    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x (..., K) -> (..., N) = x @ (qweight * scale)^T + bias."""
+    """x (..., K) -> (..., N) = x @ (qweight * scale)^T + bias.
+
+    `counters`: this weight's own split-K buffer (`split_k_counters`); None shares the device's,
+    which is safe only while no other quantized matmul runs at the same time."""
     path = _path(x, "int8")
     if path == "mma" and x.shape[-1] % 4:
         path = None  # the tensor-core kernel reads K in 4-byte words
     if path is None:
         return F.linear(x, dequantize_int8(qweight, scale).to(x.dtype), bias)
-    return int8_triton(x, qweight, scale, bias, path)
+    return int8_triton(x, qweight, scale, bias, path, counters=counters)
 
 
 def int4_linear(
@@ -164,13 +174,19 @@ def int4_linear(
     scales: torch.Tensor,
     mins: torch.Tensor,
     bias: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x (..., K) -> (..., N) with the int4 weight of `quantize_int4` (any group size; 32, 64 and
-    128 have kernels, others take the dequantize + F.linear fallback)."""
+    128 have kernels, others take the dequantize + F.linear fallback). `counters`: as `int8_linear`."""
     path = _path(x, "int4")
     if path is None or 2 * qweight.shape[1] // scales.shape[0] not in INT4_KERNEL_GROUPS:
         return F.linear(x, dequantize_int4(qweight, scales, mins, x.shape[-1]).to(x.dtype), bias)
-    return int4_triton(x, qweight, scales, mins, bias, path)
+    return int4_triton(x, qweight, scales, mins, bias, path, counters=counters)
+
+
+def uses_triton(x: torch.Tensor) -> bool:
+    """Whether a quantized matmul of `x` runs a Triton kernel (and so needs split-K counters)."""
+    return _path(x, "int4") is not None
 
 
 def _path(x: torch.Tensor, kind: str) -> str | None:
@@ -183,11 +199,11 @@ def _path(x: torch.Tensor, kind: str) -> str | None:
 
 def int8_triton(
     x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, path: str,
-    config: dict | None = None,
+    config: dict | None = None, counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Triton int8 kernel of `path` ('gemv' or 'mma'); `config` fixes its meta-parameters
     instead of autotuning (tests, benchmarks). The GEMV takes M up to 8."""
-    x2, y, b, ws, ctr = _prepare(x, qweight.shape[0], bias, path)
+    x2, y, b, ws, ctr = _prepare(x, qweight.shape[0], bias, path, counters)
     M, K = x2.shape
     N = qweight.shape[0]
     config = _fixed_config(path, "int8", M, config)
@@ -209,10 +225,10 @@ def int8_triton(
 
 def int4_triton(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor,
-    bias: torch.Tensor | None, path: str, config: dict | None = None,
+    bias: torch.Tensor | None, path: str, config: dict | None = None, counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Triton int4 kernel of `path` ('gemv' or 'mma'), as `int8_triton`."""
-    x2, y, b, ws, ctr = _prepare(x, qweight.shape[0], bias, path)
+    x2, y, b, ws, ctr = _prepare(x, qweight.shape[0], bias, path, counters)
     M, K = x2.shape
     N, NG = qweight.shape[0], scales.shape[0]
     G = 2 * qweight.shape[1] // NG
@@ -266,9 +282,10 @@ def _mma_block_m(M: int) -> int:
     return 16 if M <= 16 else 32 if M <= 32 else 64
 
 
-def _prepare(x: torch.Tensor, N: int, bias: torch.Tensor | None, path: str):
+def _prepare(x: torch.Tensor, N: int, bias: torch.Tensor | None, path: str, counters: torch.Tensor | None):
     """x as (M, K) with unit stride, the output (M, N), the bias pointer (y when there is none),
-    and the split-K buffers: fp32 partials (SPLIT_K, M, N) and the device's tile counters."""
+    and the split-K buffers: fp32 partials (SPLIT_K, M, N) and tile counters (the caller's, or the
+    device's shared ones)."""
     K = x.shape[-1]
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
@@ -279,5 +296,5 @@ def _prepare(x: torch.Tensor, N: int, bias: torch.Tensor | None, path: str):
     # Same size on every call of one shape (CUDA graphs replay the pointer the capture saw).
     ws = torch.empty((_MAX_SPLIT[path] * M * N if splits else 1,), dtype=torch.float32, device=x.device)
     m_tiles = 1 if path == "gemv" else triton.cdiv(M, _mma_block_m(M))
-    ctr = tile_counters(x.device, triton.cdiv(N, _MIN_BLOCK_N[path]) * m_tiles if splits else 0)
+    ctr = tile_counters(x.device, triton.cdiv(N, _MIN_BLOCK_N[path]) * m_tiles if splits else 0, counters)
     return x2, y, bias if bias is not None else y, ws, ctr

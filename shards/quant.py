@@ -15,13 +15,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.quant_matmul import int4_linear, int8_linear, quantize_int4, quantize_int8
+from kernels.quant_matmul import (
+    int4_linear,
+    int8_linear,
+    quantize_int4,
+    quantize_int8,
+    split_k_counters,
+    uses_triton,
+)
 from shards.config import ModelConfig
 from shards.kv_cache import KVCache
 
 QUANT_MODES = ("none", "int8", "int4")
 LINEAR_NAMES = ("wqkv", "wo", "w_gate_up", "w_down")
-INT4_GROUP_SIZES = (32, 64, 128)  # 32 has no fast GPU kernel yet (see kernels.quant_matmul.int4_linear)
+INT4_GROUP_SIZES = (32, 64, 128)  # each has a Triton kernel (kernels.quant_matmul.INT4_KERNEL_GROUPS)
 QUANT_TENSORS = {"int8": ("qweight", "scale"), "int4": ("qweight", "scales", "mins")}
 
 
@@ -44,6 +51,9 @@ class QuantLinear(nn.Module):
         for name in QUANT_TENSORS[mode]:
             self.register_buffer(name, tensors[name])
         self.register_buffer("bias", bias)
+        # This layer's own split-K counters (kernels._split_k says why not shared), made on the
+        # first Triton call: that is a warm-up, never inside a CUDA-graph capture.
+        self._counters: torch.Tensor | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, mode: str, group_size: int = 128) -> QuantLinear:
@@ -67,9 +77,11 @@ class QuantLinear(nn.Module):
         return cls("int4", in_features, qweight.shape[0], tensors, bias, group_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if uses_triton(x) and (self._counters is None or self._counters.device != x.device):
+            self._counters = split_k_counters(self.out_features, x.device)
         if self.mode == "int8":
-            return int8_linear(x, self.qweight, self.scale, self.bias)
-        return int4_linear(x, self.qweight, self.scales, self.mins, self.bias)
+            return int8_linear(x, self.qweight, self.scale, self.bias, self._counters)
+        return int4_linear(x, self.qweight, self.scales, self.mins, self.bias, self._counters)
 
     def extra_repr(self) -> str:
         g = f", group_size={self.group_size}" if self.mode == "int4" else ""

@@ -226,3 +226,28 @@ def test_quant_linear_llama_shapes_in_cuda_graph(mode: str, group_size: int, N: 
         graph.replay()
         torch.cuda.synchronize()
         assert rel_err(out, static_x.double() @ deq.double().t()) < 1e-2, (M, "graph")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_each_quantized_layer_owns_its_split_k_counters(mode: str) -> None:
+    """A moving peer runs two shards at once (the old one replays while the new one warms up and
+    is measured), so layers must not share split-K counters; each leaves its own at zero."""
+    from shards.quant import QuantLinear
+
+    dev = kernel_device()
+    dt = kernel_dtype(dev)
+    layers = [QuantLinear.from_linear(torch.nn.Linear(256, 96, bias=False), mode, 64).to(dev) for _ in range(2)]
+    x = torch.randn(1, 256, device=dev).to(dt)
+    for layer in layers:
+        ref = F.linear(x.double(), layer_weight(layer).double())
+        assert rel_err(layer(x), ref) < 1e-2
+    a, b = (layer._counters for layer in layers)
+    assert a is not None and b is not None and a.data_ptr() != b.data_ptr()
+    assert not a.any() and not b.any()  # the last program of every tile reset its counter
+
+
+def layer_weight(layer) -> torch.Tensor:
+    if layer.mode == "int8":
+        return dequantize_int8(layer.qweight, layer.scale)
+    return dequantize_int4(layer.qweight, layer.scales, layer.mins, layer.in_features)
