@@ -42,7 +42,7 @@ while [ $# -gt 0 ]; do
       timeout "${T_BREAKDOWN:-240}" python3 benchmarks/bench_step_breakdown.py --checkpoint "$CKPT" 2>&1 \
         | tee "$OUT/bench_step_breakdown.log" | tail -14 ;;
     bench-quant)
-      timeout "${T_QUANT:-300}" python3 benchmarks/bench_quant_kernels.py 2>&1 | tee "$OUT/bench_quant.log" | tail -30 ;;
+      timeout "${T_QUANT:-300}" python3 benchmarks/bench_quant_kernels.py ${QUANT_ARGS:-} 2>&1 | tee "$OUT/bench_quant.log" | tail -40 ;;
     *) echo "unknown step $1" >&2; exit 2 ;;
   esac
   shift
