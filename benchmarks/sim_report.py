@@ -35,6 +35,9 @@ class SimResult:
     standbys_mean: float  # standbys running, time mean
     standby_moves: int
     wall_s: float
+    # Layers one crash from dark, each simulated minute: at most one staying GPU server and no
+    # standby serving them yet (one loading does not count), time mean.
+    exposed_layers_mean: float = 0.0
     series: dict = field(default_factory=dict)
 
 
@@ -57,6 +60,7 @@ def format_table(r: SimResult) -> str:
          "n/a" if r.route_cost_s_mean is None else f"{r.route_cost_s_mean:.3f} s, {r.route_hops_mean:.1f} hops"),
         ("sole servers (mean peers) / gaps opened (mean s)",
          f"{r.sole_servers_mean:.1f} / {r.gaps_opened} ({_gap_s(r):.0f} s)"),
+        ("exposed layers (one crash from dark, no ready standby; mean)", f"{r.exposed_layers_mean:.2f}"),
         ("standbys (mean) / their moves / time served by standbys alone",
          f"{r.standbys_mean:.0f} / {r.standby_moves} / {r.standby_only_time_fraction:.3%}"),
         ("plan_route time (mean) / failed", f"{(r.route_plan_ms_mean or 0):.1f} ms / {r.routes_failed}"),

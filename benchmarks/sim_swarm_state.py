@@ -5,7 +5,7 @@ lazy per-layer view without one peer (WithoutPeer) that plan_move reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from routing import THIN_SHARE
 from swarm.types import LayerRange
@@ -24,6 +24,8 @@ class SimPeer:
     generation: int = 0  # bumped on every move, so a stale "online" event is ignored
     moved_at: float | None = None  # when it last moved (routing.FLOW_MOVE_COOLDOWN_S); None: never
     prefetched_at: float = 0.0  # from then on its moves load from disk (SimConfig.move_load_s_per_layer)
+    arrived: list[int] = field(default_factory=list)  # a standby loading layer by layer: those it serves already
+    to_load: list[int] = field(default_factory=list)  # ... and those still to come, in load order
 
     @property
     def loading(self) -> bool:

@@ -90,7 +90,7 @@ from routing import (
 )
 from routing.flow import bottleneck_layer, flow_and_bottleneck, max_flow_of
 from routing.spread import flow_weights, full_flows
-from routing.standby import STANDBY_MARGIN, exposure
+from routing.standby import STANDBY_MARGIN, exposure, load_order
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
 # GPU classes (layers held, median tokens/s through them, share of peers): a mix of
@@ -151,6 +151,9 @@ class SimConfig:
     crash_watch: bool = True  # a serving peer's crash is seen after CRASH_SEEN_S, not at record expiry
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
     small_first_always: bool = False  # the fastest loaders refill first even while every layer has a GPU server (the rule before)
+    standby_pair_weight: float = 0.0  # routing.standby.exposure's weight of an unguarded two-server layer
+    standby_by_layer: bool = False  # a loading standby serves each layer as it arrives, the most exposed first
+    standby_idle_moves: bool = False  # a standby guarding nothing moves for one exposed layer (not STANDBY_MARGIN)
 
 
 def simulate(cfg: SimConfig) -> SimResult:
@@ -216,7 +219,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         """Per layer, the standbys that guard it: placed there, and not on their own host's layers."""
         out = swarm.standby_at[:]
         for sb in standbys.values():
-            for span in host_layers(sb):
+            for span in host_layers(sb) if sb.layers is not None else ():  # None: being placed
                 for layer in range(max(span.start, sb.layers.start), min(span.end, sb.layers.end)):
                     out[layer] -= 1
         return out
@@ -227,17 +230,32 @@ def simulate(cfg: SimConfig) -> SimResult:
             return cfg.load_s_per_layer
         return cfg.move_load_s_per_layer
 
-    def place_standby(sb: SimPeer, target: LayerRange, now: float, instant: bool, load_s: float) -> None:
+    def unserve_standby(sb: SimPeer) -> None:
         if sb.serving is not None:
             swarm.serve_standby(sb.serving, -1)
             sb.serving = None
-        if sb.layers is not None:
+        for layer in sb.arrived:
+            swarm.serve_standby(LayerRange(layer, layer + 1), -1)
+        sb.arrived, sb.to_load = [], []
+
+    def place_standby(sb: SimPeer, target: LayerRange, now: float, instant: bool, load_s: float) -> None:
+        unserve_standby(sb)
+        if cfg.standby_by_layer and not instant:
+            # Exposed layers first (routing.standby.load_order), judged before it counts as their guard.
+            if sb.layers is not None:
+                swarm.place_standby(sb.layers, -1)
+                sb.layers = None
+            sb.to_load = load_order(target, exposure(view_servers(), guards(), cfg.standby_pair_weight))
+        elif sb.layers is not None:
             swarm.place_standby(sb.layers, -1)
         sb.layers, sb.generation = target, sb.generation + 1
         swarm.place_standby(target, +1)
         if instant:
             sb.serving = target
             swarm.serve_standby(target, +1)
+        elif cfg.standby_by_layer:
+            for i in range(len(target)):
+                push(now + load_s * (i + 1), "standby_layer", sb.peer_id, sb.generation)
         else:
             push(now + load_s * sb.k, "standby_online", sb.peer_id, sb.generation)
 
@@ -245,7 +263,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         if cfg.standby_share <= 0 or has_standby.random() >= cfg.standby_share:
             return
         sb = SimPeer(host.peer_id, host.k, 0.0, host.rtt, prefetched_at=host.prefetched_at)  # one machine, one cache
-        target = standby_window(view_servers(), guards(), sb.k, useless=useless(sb))
+        target = standby_window(view_servers(), guards(), sb.k, useless=useless(sb), pair_weight=cfg.standby_pair_weight)
         assert target is not None
         standbys[sb.peer_id] = sb
         place_standby(sb, target, now, instant, cfg.load_s_per_layer)
@@ -261,9 +279,10 @@ def simulate(cfg: SimConfig) -> SimResult:
         ready = [sb for sb in standbys.values() if sb.serving is not None]
         standby_rng.shuffle(ready)
         guarded = guards()
-        best = _best_standby_scores(servers, guarded, {sb.k for sb in ready})
+        best = _best_standby_scores(servers, guarded, {sb.k for sb in ready}, cfg.standby_pair_weight)
         for sb in ready:
-            if best[sb.k] < max(1.0, STANDBY_MARGIN * sb.k):
+            if best[sb.k] < max(1.0, STANDBY_MARGIN * sb.k) and not (cfg.standby_idle_moves and best[sb.k] >= 1.0
+                                                                     and idle(sb, servers, guarded)):
                 continue
             if cfg.standby_stays_in_use and any(swarm.online_n[layer] == 0 for layer in range(sb.serving.start, sb.serving.end)):
                 continue  # it carries sessions (no live GPU server there): it stays, whatever the view lists
@@ -271,12 +290,25 @@ def simulate(cfg: SimConfig) -> SimResult:
             hosted = useless(sb)
             for layer in range(sb.layers.start, sb.layers.end):
                 others[layer] -= not hosted[layer]  # itself, where it counts as a guard
-            target = standby_window(servers, others, sb.k, sb.layers, hosted)
+            target = standby_window(servers, others, sb.k, sb.layers, hosted, cfg.standby_pair_weight,
+                                    cfg.standby_idle_moves)
             if target is not None:
                 place_standby(sb, target, now, False, move_load_s(sb, now))
                 standby_moves += 1
                 guarded = guards()
-                best = _best_standby_scores(servers, guarded, {q.k for q in ready})
+                best = _best_standby_scores(servers, guarded, {q.k for q in ready}, cfg.standby_pair_weight)
+
+    def idle(sb: SimPeer, servers: list[int], guarded: list[int]) -> bool:
+        """Does standby sb guard nothing where it is (no layer of its window exposed without it)?"""
+        hosted = set()
+        for span in host_layers(sb):
+            hosted.update(range(span.start, span.end))
+        for layer in range(sb.layers.start, sb.layers.end):
+            if layer not in hosted and servers[layer] <= 1 and guarded[layer] <= 1:
+                return False  # exposed but for itself
+            if servers[layer] == 2 and cfg.standby_pair_weight > 0 and guarded[layer] - (layer not in hosted) <= 0:
+                return False
+        return True
 
     def wake_standbys(now: float) -> None:
         """The GPU peers' layers changed: standbys decide at their next read (one round, deduplicated)."""
@@ -321,8 +353,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         del peers[p.peer_id]
         sb = standbys.pop(p.peer_id, None)
         if sb is not None:  # a standby leaves with its host
-            if sb.serving is not None:
-                swarm.serve_standby(sb.serving, -1)
+            unserve_standby(sb)
             swarm.place_standby(sb.layers, -1)
         if not p.draining:  # a drained peer announced OFFLINE and left balancing when it started draining
             expiring[p.peer_id] = p
@@ -426,6 +457,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     load_spreads: list[float] = []
     drain_started: dict[str, float] = {}
     sole_counts: list[int] = []
+    exposed_counts: list[int] = []
 
     while events and events[0][0] <= end:
         now, _, kind, pid, gen = heapq.heappop(events)
@@ -444,7 +476,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             joins = departures = migrations = routes_failed = drains = drains_timed_out = standby_moves = 0
             uncovered_time = uncovered_layer_time = peer_seconds = standby_only_time = standby_seconds = 0.0
             for values in (ratios, route_costs, route_hops, plan_ms, drain_s, flow_ratios, spread_ratios,
-                           load_spreads, sole_counts):
+                           load_spreads, sole_counts, exposed_counts):
                 values.clear()
             swarm.gaps_opened = 0
         elif kind == "arrive":
@@ -528,6 +560,17 @@ def simulate(cfg: SimConfig) -> SimResult:
             if sb is not None and gen == sb.generation:
                 sb.serving = sb.layers
                 swarm.serve_standby(sb.serving, +1)
+        elif kind == "standby_layer":
+            sb = standbys.get(pid)
+            if sb is not None and gen == sb.generation and sb.to_load:
+                layer = sb.to_load.pop(0)
+                swarm.serve_standby(LayerRange(layer, layer + 1), +1)
+                sb.arrived.append(layer)
+                if not sb.to_load:  # all there: it serves its window (counted layer by layer already)
+                    sb.serving, sb.arrived = sb.layers, []
+                    swarm.serve_standby(sb.serving, +1)
+                    for layer in range(sb.layers.start, sb.layers.end):
+                        swarm.serve_standby(LayerRange(layer, layer + 1), -1)
         elif kind == "metric":
             bound = sum(q.thr * q.k for q in peers.values()) / num_layers
             ratio = (min(swarm.online_thr) if not swarm.gpu_uncovered else 0.0) / bound if bound else 0.0
@@ -538,6 +581,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             series["migrations"].append(warmup_moves + migrations)  # cumulative over the whole run
             series["sole_layers"].append(swarm.staying_n.count(1))
             series["memory_ratio"].append(round(sum(q.k for q in peers.values() if not q.draining) / num_layers, 4))
+            exposed_counts.append(sum(1 for n, ready in zip(swarm.staying_n, swarm.standby_n) if n <= 1 and not ready))
             sole_counts.append(sum(1 for q in peers.values() if not q.draining and q.serving is not None
                                    and 1 in swarm.staying_n[q.serving.start:q.serving.end]))
         elif kind == "route":
@@ -604,15 +648,17 @@ def simulate(cfg: SimConfig) -> SimResult:
         standbys_mean=standby_seconds / measured if measured else 0.0,
         standby_moves=standby_moves,
         wall_s=time.perf_counter() - wall0,
+        exposed_layers_mean=mean([float(n) for n in exposed_counts]) or 0.0,
         series=series,
     )
 
 
-def _best_standby_scores(servers: list[int], standbys: list[int], sizes: set[int]) -> dict[int, float]:
+def _best_standby_scores(servers: list[int], standbys: list[int], sizes: set[int],
+                         pair_weight: float = 0.0) -> dict[int, float]:
     """Per standby size k, the best standby_window score with every standby counted (a bound on any
     standby's gain from moving: leaving its own place adds at most what it guards there)."""
     prefix = [0.0]
-    for value in exposure(servers, standbys):
+    for value in exposure(servers, standbys, pair_weight):
         prefix.append(prefix[-1] + value)
     n = len(servers)
     return {k: max(prefix[s + min(k, n)] - prefix[s] for s in range(n - min(k, n) + 1)) for k in sizes}
@@ -683,6 +729,12 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="a standby may move while it is some layer's last live server (the rule before)")
     ap.add_argument("--small-first-always", action="store_true",
                     help="the fewest-layer peers refill first even when every layer has a GPU server, some thin (the rule before)")
+    ap.add_argument("--standby-pair-weight", type=float, default=0.0,
+                    help="standbys weigh an unguarded layer two peers serve this much (a sole-served one: 1)")
+    ap.add_argument("--standby-by-layer", action="store_true",
+                    help="a loading standby serves each layer as it arrives, the most exposed first")
+    ap.add_argument("--standby-idle-moves", action="store_true",
+                    help="a standby that guards nothing where it is moves for one exposed layer, not STANDBY_MARGIN of its window")
     ap.add_argument("--no-crash-watch", action="store_true",
                     help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
@@ -701,7 +753,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
                     crash_watch=not a.no_crash_watch, standby_stays_in_use=not a.standby_moves_in_use,
-                    small_first_always=a.small_first_always)
+                    small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
+                    standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

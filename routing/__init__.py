@@ -19,7 +19,8 @@ Only `swarm.types` is imported from the rest of the project.
              max flow runs dry when that raises it by FLOW_MOVE_GAIN, at most once per
              FLOW_MOVE_COOLDOWN_S (after should_move says stay).
 - standby.py standby_layers (standby_window, exposure): where a standby guards the layers one
-             crash would leave dark.
+             crash would leave dark; standby_load_order (load_order): in which order a loading
+             standby should fetch and serve them, the exposed ones first, one growing range.
 - spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
              parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
@@ -53,7 +54,7 @@ from routing.flow import capacity_bound, max_flow_throughput
 from routing.flow_move import FLOW_MOVE_COOLDOWN_S, FLOW_MOVE_GAIN, flow_move, plan_flow_move
 from routing.route import NoRouteError, plan_route, route_cost
 from routing.spread import choose_route, sample_route
-from routing.standby import standby_layers, standby_window
+from routing.standby import load_order, standby_layers, standby_load_order, standby_window
 
 __all__ = [
     "BAN_BASE_S",
@@ -79,6 +80,7 @@ __all__ = [
     "layer_counts",
     "layer_servers",
     "layer_throughput",
+    "load_order",
     "max_flow_throughput",
     "plan_flow_move",
     "plan_move",
@@ -88,6 +90,7 @@ __all__ = [
     "sample_route",
     "should_move",
     "standby_layers",
+    "standby_load_order",
     "standby_window",
     "strengths",
     "thin_layers",
