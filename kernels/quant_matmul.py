@@ -161,8 +161,6 @@ def int8_linear(
     `counters`: this weight's own split-K buffer (`split_k_counters`); None shares the device's,
     which is safe only while no other quantized matmul runs at the same time."""
     path = _path(x, "int8")
-    if path == "mma" and x.shape[-1] % 4:
-        path = None  # the tensor-core kernel reads K in 4-byte words
     if path is None:
         return F.linear(x, dequantize_int8(qweight, scale).to(x.dtype), bias)
     return int8_triton(x, qweight, scale, bias, path, counters=counters)
@@ -214,10 +212,8 @@ def int8_triton(
         grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
     else:
         kernel = quant_mma._int8_mma_kernel if config else quant_mma.int8_mma
-        magic, magic_hi, c = _MMA_MAGIC[x.dtype]
-        args = (x2, qweight.view(torch.int32), scale, b, y, ws, ctr, M, N, K, x2.stride(0), y.stride(0),
-                magic, magic_hi)
-        consts = dict(HAS_BIAS=bias is not None, BLOCK_M=_mma_block_m(M), BIAS=c)
+        args = (x2, qweight, scale, b, y, ws, ctr, M, N, K, x2.stride(0), y.stride(0))
+        consts = dict(HAS_BIAS=bias is not None, BLOCK_M=_mma_block_m(M))
         grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"], triton.cdiv(M, meta["BLOCK_M"]))  # noqa: E731
     kernel[grid](*args, **consts, **(config or {}))
     return y.view(*x.shape[:-1], N)
@@ -241,7 +237,7 @@ def int4_triton(
         grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), meta["SPLIT_K"])  # noqa: E731
     else:
         kernel = quant_mma._int4_mma_kernel if config else quant_mma.int4_mma
-        magic, _, c = _MMA_MAGIC[x.dtype]
+        magic, c = _MMA_MAGIC[x.dtype]
         args = (x2, qweight.view(torch.int32), scales, mins, b, y, ws, ctr, M, N, K, NG,
                 x2.stride(0), y.stride(0), magic)
         consts = dict(HAS_BIAS=bias is not None, BLOCK_M=_mma_block_m(M), G=G, BIAS=c)
@@ -250,11 +246,10 @@ def int4_triton(
     return y.view(*x.shape[:-1], N)
 
 
-# fp32 128.0, OR-ed with a nibble at bits 16..19 by the GEMV; per x dtype, for the tensor-core
-# kernels: the pair of 16-bit magics for the low lanes (c) and for int8's high lanes (16 c, with
-# the 8 of the signed high nibble folded in: see kernels.quant_mma), and c.
+# fp32 128.0, OR-ed with a nibble at bits 16..19 by the GEMV; per x dtype, for the int4
+# tensor-core kernel: the pair of 16-bit magics of its lanes (see kernels.quant_mma) and their value c.
 _FP32_128 = 0x43000000
-_MMA_MAGIC = {torch.bfloat16: (0x43004300, 0x45084508, 128.0), torch.float16: (0x64006400, 0x74087408, 1024.0)}
+_MMA_MAGIC = {torch.bfloat16: (0x43004300, 128.0), torch.float16: (0x64006400, 1024.0)}
 # Largest SPLIT_K of each path's configs: the size of the partials buffer.
 _MAX_SPLIT = {"gemv": 8, "mma": 16}
 _MIN_BLOCK_N = {"gemv": 16, "mma": 64}
