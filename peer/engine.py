@@ -5,7 +5,8 @@ quantized), its paged KV cache, the stored output rows of cached pages (`PageOut
 prefix sharing) and, on a CUDA device, the captured decode graphs. `PeerServer.migrate` builds a
 new engine for the new range and swaps it in one assignment; nothing else holds these objects.
 
-`run_batch` is what the scheduler's compute thread calls for every batch:
+`run_batch` is what the scheduler calls for every batch, on its compute thread (graph replays, which
+`replays` tells apart, run on the event loop: see `peer.scheduler`):
 - a decode-only batch (one new token per sequence, all of the shard's layers, at most the largest
   bucket of sequences) on CUDA replays a captured graph (`shards.cuda_graphs.DecodeGraphs`):
   the step's hidden rows and one packed int32 block of positions/slots/lengths/page tables are
@@ -95,7 +96,7 @@ class ServingEngine:
         """Set when every served layer slides: KV pages older than this window may be freed."""
         return self.shard.config.common_window(self.shard.start, self.shard.end)
 
-    # ------------------------------------------------------------------ compute thread
+    # ------------------------------------------------------------------ per batch
 
     def replays(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int], stateful: bool) -> bool:
         """True when `run_batch` would replay a captured graph (cheap on the host: the scheduler may run it inline)."""
