@@ -154,6 +154,7 @@ class SimConfig:
     standby_pair_weight: float = 0.0  # routing.standby.exposure's weight of an unguarded two-server layer
     standby_by_layer: bool = False  # a loading standby serves each layer as it arrives, the most exposed first
     standby_idle_moves: bool = False  # a standby guarding nothing moves for one exposed layer (not STANDBY_MARGIN)
+    react_clean_first: bool = False  # a reacting peer whose leaving leaves an unguarded sole server waits one step more
 
 
 def simulate(cfg: SimConfig) -> SimResult:
@@ -535,6 +536,11 @@ def simulate(cfg: SimConfig) -> SimResult:
                     delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * q.k for q in candidates}
                 else:
                     delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * (largest - q.k + 1) for q in candidates}
+                if cfg.react_clean_first:  # one step later for a peer whose leaving exposes a layer
+                    for q in candidates:
+                        if q.serving is not None and any(swarm.staying_n[layer] == 2 and not swarm.guarded[layer]
+                                                         for layer in range(q.serving.start, q.serving.end)):
+                            delay[q.peer_id] += REACT_DELAY_PER_LAYER_S
                 candidates.sort(key=lambda q: delay[q.peer_id])
             for q in candidates:
                 if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
@@ -735,6 +741,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="a loading standby serves each layer as it arrives, the most exposed first")
     ap.add_argument("--standby-idle-moves", action="store_true",
                     help="a standby that guards nothing where it is moves for one exposed layer, not STANDBY_MARGIN of its window")
+    ap.add_argument("--react-clean-first", action="store_true",
+                    help="a peer reacting to urgent layers waits one step more when its leaving would leave one of its layers to a single unguarded server")
     ap.add_argument("--no-crash-watch", action="store_true",
                     help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
@@ -754,7 +762,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
                     crash_watch=not a.no_crash_watch, standby_stays_in_use=not a.standby_moves_in_use,
                     small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
-                    standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves)
+                    standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
+                    react_clean_first=a.react_clean_first)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"
