@@ -28,10 +28,11 @@ per weight (~8 at ~16 weights per SM per clock).
 
 from __future__ import annotations
 
-from kernels._split_k import split_k_epilogue
 from kernels._triton import HAS_TRITON, tl, triton
 
 if HAS_TRITON:
+    from kernels._split_k import split_k_epilogue  # a Triton function: defined only with Triton
+
     # M and NG are not specialised (M == 1, % 16): each value would compile every config again
     # at a peer's start (M = 1, 4, 16 are three variants otherwise), for no faster code: M only
     # bounds loops and masks, and NG's row stride is a multiple of G/4 words whatever NG is.

@@ -27,7 +27,6 @@ to measure. Past 32 rows (BLOCK_M 64) 6.4-8.5 for G = 128.
 
 from __future__ import annotations
 
-from kernels._split_k import split_k_epilogue
 from kernels._triton import HAS_TRITON, tl, triton
 
 # Largest M that may split K: the fp32 partials are (SPLIT_K, M, N); past a decode batch the
@@ -35,6 +34,7 @@ from kernels._triton import HAS_TRITON, tl, triton
 SPLIT_MAX_M = 32
 
 if HAS_TRITON:
+    from kernels._split_k import split_k_epilogue  # a Triton function: defined only with Triton
 
     @triton.jit
     def _lanes(t, dtype: tl.constexpr):
