@@ -36,7 +36,9 @@ and decide at once (routing.urgent_layers) when some layer has no ONLINE server:
 sole server, or a gap whose record expired. Peers wait first (peer/balancer.py react_delay):
 while some layer has no GPU server, REACT_DELAY_PER_LAYER_S per layer they hold, so the fastest
 loaders move first, in parallel while gaps are left; otherwise the largest peers first, which
-refill a departed large peer's range in one move (--small-first-always: the fastest always). A
+refill a departed large peer's range in one move (--small-first-always: the fastest always); a
+peer whose leaving would leave one of its layers to a single server no standby guards waits one
+step more (routing.exposes_on_leaving; --exposing-peers-react-as-soon: the rule before). A
 moving peer counts at its target at once (its record), so the others see the layers taken. Thin layers
 (routing.thin_layers: staying servers below THIN_SHARE of the mean layer throughput) wake them
 the same way, a draining peer whose layers would be thin without it stays while a peer
@@ -52,7 +54,8 @@ Standbys (--standby-share): that share of the peers also runs `swarm-peer serve 
 host memory, as many layers as its GPU holds, loading as slowly. A standby places itself with
 routing.standby_window on the layers one crash would leave dark, its host's excepted (one crash
 takes both), re-deciding at its next read of the view (WATCH_PERIOD_S) after anything changes
-them, and leaves with its host. Coverage counts a layer a standby serves as served (routes use
+them, and leaves with its host (--standby-by-layer: while loading it serves each layer as it
+arrives, in routing.standby.load_order; the peer does not yet). Coverage counts a layer a standby serves as served (routes use
 it only then, slowly; a standby that carries sessions, i.e. serves a layer no live GPU peer serves,
 does not move), and the time some layer was served by standbys alone is reported; the
 GPU peers' balancing counts standbys only as guards (no SOLE_DISCOUNT where one is; off with
@@ -154,7 +157,7 @@ class SimConfig:
     standby_pair_weight: float = 0.0  # routing.standby.exposure's weight of an unguarded two-server layer
     standby_by_layer: bool = False  # a loading standby serves each layer as it arrives, the most exposed first
     standby_idle_moves: bool = False  # a standby guarding nothing moves for one exposed layer (not STANDBY_MARGIN)
-    react_clean_first: bool = False  # a reacting peer whose leaving leaves an unguarded sole server waits one step more
+    react_clean_first: bool = True  # a reacting peer whose leaving leaves an unguarded sole server waits one step more (routing.exposes_on_leaving)
 
 
 def simulate(cfg: SimConfig) -> SimResult:
@@ -538,7 +541,8 @@ def simulate(cfg: SimConfig) -> SimResult:
                     delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * (largest - q.k + 1) for q in candidates}
                 if cfg.react_clean_first:  # one step later for a peer whose leaving exposes a layer
                     for q in candidates:
-                        if q.serving is not None and any(swarm.staying_n[layer] == 2 and not swarm.guarded[layer]
+                        # Standbys guard only where the GPU peers count them (guarded: None with --no-guard-discount).
+                        if q.serving is not None and any(swarm.staying_n[layer] == 2 and not (guarded and guarded[layer])
                                                          for layer in range(q.serving.start, q.serving.end)):
                             delay[q.peer_id] += REACT_DELAY_PER_LAYER_S
                 candidates.sort(key=lambda q: delay[q.peer_id])
@@ -741,8 +745,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="a loading standby serves each layer as it arrives, the most exposed first")
     ap.add_argument("--standby-idle-moves", action="store_true",
                     help="a standby that guards nothing where it is moves for one exposed layer, not STANDBY_MARGIN of its window")
-    ap.add_argument("--react-clean-first", action="store_true",
-                    help="a peer reacting to urgent layers waits one step more when its leaving would leave one of its layers to a single unguarded server")
+    ap.add_argument("--exposing-peers-react-as-soon", action="store_true",
+                    help="a reacting peer whose leaving would leave one of its layers to a single unguarded server decides "
+                         "as soon as the others of its size, not a step later (the rule before)")
     ap.add_argument("--no-crash-watch", action="store_true",
                     help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
@@ -763,7 +768,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     crash_watch=not a.no_crash_watch, standby_stays_in_use=not a.standby_moves_in_use,
                     small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
-                    react_clean_first=a.react_clean_first)
+                    react_clean_first=not a.exposing_peers_react_as_soon)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
-from routing import choose_layers, covered_without, flow_move, should_move, standby_layers, urgent_layers
+from routing import (
+    choose_layers,
+    covered_without,
+    exposes_on_leaving,
+    flow_move,
+    should_move,
+    standby_layers,
+    urgent_layers,
+)
 from shards.config import ModelConfig
 from swarm.reachability import machine_of
 from swarm.types import LayerRange, SwarmView
@@ -137,7 +145,8 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
         urgent = urgent_layers(view)
         if urgent and urgent != decided_on and placement.peer_id() in view.records:
             mine = placement.layers()
-            delay = react_delay(view, len(mine) if mine is not None else 1)
+            delay = react_delay(view, len(mine) if mine is not None else 1,
+                                exposes=exposes_on_leaving(view, placement.peer_id()))
             logger.info("%d layers between %d and %d have no ONLINE server or are thin (a peer is draining, "
                         "gone or moving): deciding now (in %.1f s, after the peers that should go first)",
                         len(urgent), urgent[0], urgent[-1], delay)
@@ -151,7 +160,7 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
     return None
 
 
-def react_delay(view: SwarmView, my_layers: int) -> float:
+def react_delay(view: SwarmView, my_layers: int, exposes: bool = False) -> float:
     """Seconds a peer holding `my_layers` layers waits before deciding on urgent layers.
 
     While some layer has no ONLINE or DRAINING server but standbys (SwarmView.uncovered_layers),
@@ -161,11 +170,18 @@ def react_delay(view: SwarmView, my_layers: int) -> float:
     largest peers decide first, since one of them refills a departed large peer's range in one
     move where 4-layer peers need one move per 4 layers, each a reload (docs/balancing.md,
     "Who refills first").
+
+    `exposes` (routing.exposes_on_leaving): leaving would leave one of this peer's layers to a
+    single server no standby guards. Such a peer waits one step more, so that peers of its size
+    whose leaving exposes nothing go first; if one of them took the urgent layers, it stays.
+    A move opens that exposure for as long as a standby takes to get there, and a crash of the
+    remaining server inside it is a gap (docs/balancing.md, tenth session).
     """
+    extra = REACT_DELAY_PER_LAYER_S if exposes else 0.0
     if view.uncovered_layers(standbys=False):
-        return REACT_DELAY_PER_LAYER_S * my_layers
+        return REACT_DELAY_PER_LAYER_S * my_layers + extra
     largest = max((len(r.layers) for r in view.online() if not r.standby), default=my_layers)
-    return REACT_DELAY_PER_LAYER_S * (max(largest - my_layers, 0) + 1)
+    return REACT_DELAY_PER_LAYER_S * (max(largest - my_layers, 0) + 1) + extra
 
 
 async def standby_loop(placement: Placement) -> None:

@@ -393,6 +393,20 @@ def covered_without(view: SwarmView, me: str, layers: LayerRange | None = None) 
     return all(servers[layer] > 0 for layer in range(layers.start, min(layers.end, view.num_layers)))
 
 
+def exposes_on_leaving(view: SwarmView, me: str) -> bool:
+    """Would peer `me` leaving its layers (a move or a departure) leave one of them to a single
+    ONLINE server that no standby guards: one crash from dark? A peer reacting to urgent layers
+    waits one step more then (peer/balancer.py react_delay), so that peers of its size whose
+    leaving exposes nothing refill first, and it stays where it is needed if one of them did."""
+    record = view.records.get(me)
+    if record is None:
+        return False
+    servers = layer_servers(view, without=me)
+    guarded = guarded_layers(view)
+    return any(servers[layer] == 1 and not guarded[layer]
+               for layer in range(record.layers.start, min(record.layers.end, view.num_layers)))
+
+
 def may_move(view: SwarmView, me: str, current: LayerRange, target: LayerRange) -> bool:
     """May peer `me` go on with its announced move from `current` to `target`? Yes when its layers
     stay covered without it (covered_without), or when the swarm is down elsewhere and `target`

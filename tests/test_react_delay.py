@@ -42,3 +42,23 @@ def test_a_draining_sole_server_still_serves_so_the_largest_decide_first() -> No
     draining = swarm(record("big", 0, 8), record("small", 0, 4), record("leaving", 8, 16, state=PeerState.DRAINING))
     assert draining.uncovered_layers(standbys=False) == []
     assert react_delay(draining, 8) < react_delay(draining, 4)
+
+
+def test_a_peer_whose_leaving_exposes_a_layer_waits_one_step_more() -> None:
+    from dataclasses import replace
+
+    from routing import exposes_on_leaving
+
+    # 8:16 is thin. "mid" shares 0:8 with "big" only: its leaving leaves "big" alone there, unguarded.
+    # "small" shares 0:4 with two others: leaving exposes nothing.
+    view = swarm(record("big", 0, 8), record("mid", 0, 8), record("small", 0, 4), record("small2", 0, 4),
+                 record("right", 8, 16))
+    assert exposes_on_leaving(view, "mid") and not exposes_on_leaving(view, "small")
+    assert react_delay(view, 8, exposes=True) == react_delay(view, 8) + REACT_DELAY_PER_LAYER_S
+    # Same while a layer has no GPU server: the fastest loaders first, the exposing ones a step later.
+    assert react_delay(STANDBY_ONLY, 4, exposes=True) == react_delay(STANDBY_ONLY, 4) + REACT_DELAY_PER_LAYER_S
+    # A standby guarding 0:8 turns the exposure into a slow layer, not a dark one: no extra wait.
+    guarded = swarm(*view.records.values(), replace(record("sb", 0, 8), standby=True))
+    assert not exposes_on_leaving(guarded, "mid")
+    # A sole server cannot leave at all (plan_move keeps it), and a peer not in the view exposes nothing.
+    assert not exposes_on_leaving(view, "right") and not exposes_on_leaving(view, "nobody")

@@ -89,7 +89,13 @@ def test_tiers_raise_the_max_flow_and_the_warm_up_is_not_measured() -> None:
 # (small_first_always): the largest-first refill (its own test at the end) changes which peers move
 # after every departure, and on these 120-peer swarms it narrows their gains below the thresholds
 # asserted here (seed 0: tiers +8.4 points, thin layers +1.6, flow
-# moves +0.2, against +10, +3 and +3; docs/balancing.md, "Who refills first").
+# moves +0.2, against +10, +3 and +3; docs/balancing.md, "Who refills first"). The flow-move, crash
+# watch and largest-first tests keep the react order they were calibrated with, too
+# (react_clean_first=False): the tenth session's rule, that a peer whose leaving exposes a layer
+# reacts a step later, changes who moves after every departure; under it flow moves give -0.6 points
+# on seed 0 here (asserted +3), the crash watch shortens gaps by 17% (38 vs 46 s; asserted 20%), and
+# largest-first refills still take fewer moves but give 1.6 points less flow (docs/balancing.md,
+# "Tenth session").
 def test_standbys_serve_the_layers_an_abrupt_crash_leaves_dark() -> None:
     # Seeds 0, 3, 5, 6: without standbys a sole server's crash leaves layers dark for a reload.
     for seed in (0, 3, 5, 6):
@@ -140,7 +146,7 @@ def test_flow_moves_raise_the_max_flow_within_the_move_budget() -> None:
     # the bound. Not every draw of this small swarm gains (seed 1: 72% vs 77%); at 200 and 1,000 peers
     # every seed measured did (docs/balancing.md).
     cfg = dict(peers=120, hours=1.0, warmup_hours=1.0, graceful=0.5, redundancy=2.0, standby_share=0.3,
-               route_period_s=120, crash_watch=False, small_first_always=True)
+               route_period_s=120, crash_watch=False, small_first_always=True, react_clean_first=False)
     for seed in (0, 3):
         flow, strength_only = simulate(SimConfig(**cfg, seed=seed)), simulate(SimConfig(**cfg, seed=seed, flow_moves=False))
         assert flow.flow_vs_bound_mean is not None and strength_only.flow_vs_bound_mean is not None
@@ -158,7 +164,7 @@ def test_the_crash_watch_shortens_what_a_crash_costs() -> None:
     dark = {True: [0.0, 0], False: [0.0, 0]}  # crash watch -> [dark seconds, gaps]
     standby_only = {True: 0.0, False: 0.0}
     for seed in (0, 3, 5, 6):
-        cfg = dict(peers=60, hours=1.0, seed=seed, churn=0.3, redundancy=2.0, graceful=0.0)
+        cfg = dict(peers=60, hours=1.0, seed=seed, churn=0.3, redundancy=2.0, graceful=0.0, react_clean_first=False)
         for watch in (True, False):
             bare = simulate(SimConfig(**cfg, crash_watch=watch))
             dark[watch][0] += (1.0 - bare.coverage_time_fraction) * 3600
@@ -180,7 +186,7 @@ def test_the_largest_peers_refill_thin_layers_in_fewer_moves() -> None:
     flow = {True: 0.0, False: 0.0}
     for seed in (3, 5, 6):
         cfg = dict(peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2, redundancy=2.0, graceful=0.5,
-                   standby_share=0.3, route_period_s=120)
+                   standby_share=0.3, route_period_s=120, react_clean_first=False)
         for always in (True, False):
             r = simulate(SimConfig(**cfg, small_first_always=always))
             moves[always] += r.migrations_per_peer_hour
@@ -219,8 +225,8 @@ def test_a_standby_serving_each_layer_as_it_arrives_guards_sooner() -> None:
     the exposed layers first, instead of its whole window at the end of the load. Standbys are
     only guards to the GPU peers and decide where to go as before, so the GPU run is the same;
     only layers one crash from dark get their guard sooner. 60 peers at 1.5x, 30%/h churn, all
-    abrupt, seeds 3-6: exposed layers (no ready standby) fall on every seed (e.g. 52.5 -> 50.1),
-    dark time never rises and falls on seeds 4-6 (summed 15.86% -> 15.17% of an hour)."""
+    abrupt, seeds 3-6: exposed layers (no ready standby) fall on every seed (e.g. 55.2 -> 53.1),
+    dark time never rises and falls on every seed (summed 18.13% -> 17.01% of an hour)."""
     dark = {False: 0.0, True: 0.0}
     for seed in (3, 4, 5, 6):
         cfg = dict(peers=60, hours=1.0, seed=seed, churn=0.3, redundancy=1.5, graceful=0.0, crash_watch=False,
