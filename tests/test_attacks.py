@@ -225,7 +225,9 @@ async def test_a_long_stateless_forward_does_not_freeze_decode_steps(swarm: Loca
     for _ in range(3):
         forward = asyncio.ensure_future(scorer.request(
             {"type": m.FORWARD, "hidden": encode_tensor(want_x), "new_tokens": [800]}, timeout=120))
-        await asyncio.sleep(0.05)  # the forward is queued or running
+        # Just long enough for the request to go out: on a quiet machine the whole forward takes
+        # ~50 ms, and a 50 ms sleep here let it finish before the first decode (failed 5 of 5 runs).
+        await asyncio.sleep(0.005)
         during = 0
         for _ in range(60):  # bounded (3 x 60 positions fit the session's 256); no step may wait for the whole forward
             await decoder.send(step_msg(torch.randn(1, H), step, step - 3))
