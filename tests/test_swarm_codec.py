@@ -11,7 +11,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swarm.codec import DTYPES, Limits, all_finite, decode_message, decode_tensor, encode_message, encode_tensor
+from swarm.codec import (
+    DTYPES,
+    Limits,
+    all_finite,
+    decode_message,
+    decode_tensor,
+    encode_message,
+    encode_tensor,
+)
 from swarm.errors import ProtocolError
 
 LIMITS = Limits()
