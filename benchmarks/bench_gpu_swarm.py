@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -201,31 +200,7 @@ def aggregate_tokens_per_second(model_path: Path, swarm: LocalSwarm, model_name:
     return overall, steady
 
 
-def profile_decode(model, peers: list, out_dir: Path, name: str, tokens: int) -> None:
-    """py-spy (native frames, every thread) on the client and each peer while one session decodes.
-
-    Native stacks need py-spy to pause the process per sample, so the rate is kept low (200 Hz)."""
-    py_spy = shutil.which("py-spy")
-    if py_spy is None:
-        print("  profile: py-spy is not installed; skipped", flush=True)
-        return
-    targets = [("client", os.getpid())] + [(f"peer{i}", p.pid) for i, p in enumerate(peers)]
-    spies = [subprocess.Popen([py_spy, "record", "--pid", str(pid), "--rate", "200", "--duration", "6", "--native",
-                               "--threads", "--format", "raw", "--output",
-                               str(out_dir / f"profile-{name}-{who}.txt")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for who, pid in targets]
-    time.sleep(1.0)  # py-spy attaches
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:  # bounded: ~5 s of decode steps, one session at a time
-        with model.inference_session(max_length=PROMPT_TOKENS + tokens + 1) as session:
-            model.generate(prompt(1), max_new_tokens=tokens, session=session, eos_token_id=[])
-    for (who, _), spy in zip(targets, spies):
-        _, err = spy.communicate(timeout=60)
-        said = f"wrote profile-{name}-{who}.txt" if spy.returncode == 0 else f"py-spy failed: {err.strip()[-300:]}"
-        print(f"  profile {who}: {said}", flush=True)
-
-
-def run_setup(name: str, model_path: Path, work: Path, tokens: int, profile_dir: Path | None = None) -> dict:
+def run_setup(name: str, model_path: Path, work: Path, tokens: int) -> dict:
     from client import DistributedModel
 
     quant, ranges = SETUPS[name]
@@ -241,8 +216,6 @@ def run_setup(name: str, model_path: Path, work: Path, tokens: int, profile_dir:
                                               dtype=torch.bfloat16) as model:
             assert model.device.type == "cuda"
             ms = ms_per_token(model, tokens)
-            if profile_dir is not None:
-                profile_decode(model, peers, profile_dir, name, tokens)
             stats = [model.loop.run(model.swarm.peer_info(p.peer_id), timeout=60)["stats"] for p in peers]
         tok_s, decode_tok_s = aggregate_tokens_per_second(model_path, swarm, name, 2 * tokens)
     row = dict(setup=name, quant=quant, peers=ranges, start_s=start_s, ms=ms, tok_s=tok_s, decode_tok_s=decode_tok_s,
@@ -284,6 +257,9 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="Folder of the random checkpoint: reused when an earlier run wrote it (default: a new "
                              "temporary folder).")
+    parser.add_argument("--checkpoint", type=Path, default=None,
+                        help="Folder of the random checkpoint: reused when an earlier run wrote it (default: a new "
+                             "temporary folder).")
     parser.add_argument("--profile", action="store_true",
                         help="After each setup's batch-1 timing, record py-spy profiles of the client and peers "
                              "during ~5 s of decoding ($OUT/profile-SETUP-WHO.txt, raw format).")
@@ -304,7 +280,7 @@ def main() -> None:
     rows = []
     for name in args.setups.split(","):
         try:
-            rows.append(run_setup(name, model_path, work, args.tokens, out_dir if args.profile else None))
+            rows.append(run_setup(name, model_path, work, args.tokens))
         except Exception as e:  # one broken setup must not hide the others' numbers
             print(f"  {name}: FAILED {type(e).__name__}: {e}", flush=True)
             rows.append(dict(setup=name, error=f"{type(e).__name__}: {e}"))
