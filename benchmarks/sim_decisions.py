@@ -35,8 +35,9 @@ from routing import (
     standby_layers,
     urgent_layers,
 )
-from routing.balance import balanced_placement, leaves_safely, staying_throughput, thin_threshold
 from routing.flow import bottleneck_layer
+from routing.layer_view import balanced_placement, staying_throughput
+from routing.leaving import leaves_safely, thin_threshold
 from swarm.types import PeerRecord, PeerState, SwarmView
 
 

@@ -5,6 +5,7 @@ lazy per-layer view without one peer (WithoutPeer) that plan_move reads.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from routing import THIN_SHARE
@@ -24,12 +25,22 @@ class SimPeer:
     generation: int = 0  # bumped on every move, so a stale "online" event is ignored
     moved_at: float | None = None  # when it last moved (routing.FLOW_MOVE_COOLDOWN_S); None: never
     prefetched_at: float = 0.0  # from then on its moves load from disk (SimConfig.move_load_s_per_layer)
-    arrived: list[int] = field(default_factory=list)  # a standby loading layer by layer: those it serves already
+    # A standby, or a GPU peer with SimConfig.serve_by_layer, loading layer by layer: the layers it
+    # serves already (one contiguous range: load_order grows it at either end) ...
+    arrived: list[int] = field(default_factory=list)
     to_load: list[int] = field(default_factory=list)  # ... and those still to come, in load order
 
     @property
     def loading(self) -> bool:
+        """Not done loading (it may serve some layers already: `served`)."""
         return self.serving is None
+
+    @property
+    def served(self) -> LayerRange | None:
+        """What it serves now: its window once loaded, else the layers arrived so far (None: none yet)."""
+        if self.serving is not None or not self.arrived:
+            return self.serving
+        return LayerRange(min(self.arrived), max(self.arrived) + 1)
 
 
 class SwarmArrays:
@@ -138,6 +149,45 @@ class SwarmArrays:
 
     def covered_without(self, p: SimPeer) -> bool:
         return all(self.staying_n[layer] > 0 for layer in range(p.layers.start, p.layers.end))
+
+
+def recount(num_layers: int, peers: Iterable[SimPeer], expiring: Iterable[SimPeer],
+            standbys: Iterable[SimPeer]) -> SwarmArrays:
+    """SwarmArrays built from scratch from who is where now, to check the incremental ones against
+    (SimConfig.check_arrays): every add and remove, a partly loaded peer's included, must cancel."""
+    fresh = SwarmArrays(num_layers)
+    for p in peers:
+        if not p.draining:  # a drainer left balancing's view when it started draining
+            fresh.place(p, +1)
+        span = p.served
+        if span is not None:
+            fresh.serve(span, p, +1)
+            if not p.draining:
+                fresh.stay(span, p, +1)
+    for p in expiring:  # gone, serving nothing, but its record counts until it expires
+        fresh.place(p, +1)
+    for sb in standbys:
+        if sb.layers is not None:
+            fresh.place_standby(sb.layers, +1)
+        for span in [sb.serving] if sb.serving is not None else [LayerRange(i, i + 1) for i in sb.arrived]:
+            fresh.serve_standby(span, +1)
+    fresh.gaps_opened = 0
+    return fresh
+
+
+def array_mismatches(a: SwarmArrays, b: SwarmArrays, tol: float = 1e-6) -> list[str]:
+    """Names of the per-layer arrays (and counters) where `a` and `b` differ; floats within `tol`."""
+    names = ["counted", "online_n", "staying_n", "standby_n", "standby_at", "guarded", "uncovered", "gpu_uncovered"]
+    out = [name for name in names if getattr(a, name) != getattr(b, name)]
+    for name in ("thr", "online_thr", "staying_thr"):
+        if any(abs(x - y) > tol for x, y in zip(getattr(a, name), getattr(b, name))):
+            out.append(name)
+    for k in set(a.counted_by_k) | set(b.counted_by_k):
+        n = len(a.thr)
+        if a.counted_by_k.get(k, [0] * n) != b.counted_by_k.get(k, [0] * n) or any(
+                abs(x - y) > tol for x, y in zip(a.thr_by_k.get(k, [0.0] * n), b.thr_by_k.get(k, [0.0] * n))):
+            out.append(f"tier {k}")
+    return out
 
 
 class WithoutPeer:

@@ -55,13 +55,22 @@ host memory, as many layers as its GPU holds, loading as slowly. A standby place
 routing.standby_window on the layers one crash would leave dark, its host's excepted (one crash
 takes both), re-deciding at its next read of the view (WATCH_PERIOD_S) after anything changes
 them, and leaves with its host (--standby-by-layer: while loading it serves each layer as it
-arrives, in routing.standby.load_order; the peer does not yet). Coverage counts a layer a standby serves as served (routes use
+arrives, in routing.standby.load_order, as the peer does). Coverage counts a layer a standby serves as served (routes use
 it only then, slowly; a standby that carries sessions, i.e. serves a layer no live GPU peer serves,
 does not move), and the time some layer was served by standbys alone is reported; the
 GPU peers' balancing counts standbys only as guards (no SOLE_DISCOUNT where one is; off with
 --no-guard-discount, and the GPU peers' run is the same as without standbys), and throughput
 figures leave them out (a CPU's share is negligible): while only standbys serve some layer, the
 max-flow sample is 0.
+
+--serve-by-layer: a loading GPU peer (a joiner or a mover) serves each layer as it arrives, as one
+growing range (routing.standby.load_order: layers no GPU peer serves first, then the thinnest),
+instead of nothing until its whole window is there. `--serve-by-layer moves`: movers only, as the
+GPU peer does (peer/moves.py; its joins load the whole window first). From its first
+layer on it counts as a staying server of what it has, per layer at its thr (as a loaded peer
+would), and in the max flow at its whole capacity k * thr (a peer spends its compute on whichever
+layers it holds, routing/costs.py). It is still `loading` for every decision that asks: it does not
+balance, react or drain, and a drainer next to it still waits for it as for any loader.
 """
 
 from __future__ import annotations
@@ -75,13 +84,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.sim_optimum import ordered_placement
+from benchmarks.sim_optimum import optimum_bracket
 from benchmarks.sim_report import SimResult, format_table, plot
-from benchmarks.sim_swarm_state import SimPeer, SwarmArrays, WithoutPeer
+from benchmarks.sim_swarm_state import SimPeer, SwarmArrays, WithoutPeer, array_mismatches, recount
 from routing import (
     DEFAULT_QUALITY,
     FLOW_MOVE_COOLDOWN_S,
-    FLOW_MOVE_GAIN,
     SOLE_DISCOUNT,
     NoRouteError,
     choose_window,
@@ -90,10 +98,11 @@ from routing import (
     plan_route,
     route_cost,
     standby_window,
+    swarm_flow,
 )
-from routing.flow import bottleneck_layer, flow_and_bottleneck, max_flow_of
+from routing.flow import bottleneck_layer, max_flow_of
 from routing.spread import flow_weights, full_flows
-from routing.standby import STANDBY_MARGIN, exposure, load_order
+from routing.standby import EXPOSED_GAP, STANDBY_MARGIN, exposure, load_order
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
 # GPU classes (layers held, median tokens/s through them, share of peers): a mix of
@@ -149,7 +158,7 @@ class SimConfig:
     guard_discount: bool = True  # no SOLE_DISCOUNT on layers a standby holds (routing.guarded_layers)
     route_period_s: float = ROUTE_PERIOD_S  # seconds between route and max-flow samples
     flow_moves: bool = True  # a peer that should_move keeps in place may move for the max flow (routing.flow_move)
-    flow_move_gain: float = FLOW_MOVE_GAIN
+    flow_move_gain: float | None = None  # None: routing.flow_move_gain (the mover's share); a share: that, for every peer
     flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
     crash_watch: bool = True  # a serving peer's crash is seen after CRASH_SEEN_S, not at record expiry
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
@@ -158,6 +167,27 @@ class SimConfig:
     standby_by_layer: bool = False  # a loading standby serves each layer as it arrives, the most exposed first
     standby_idle_moves: bool = False  # a standby guarding nothing moves for one exposed layer (not STANDBY_MARGIN)
     react_clean_first: bool = True  # a reacting peer whose leaving leaves an unguarded sole server waits one step more (routing.exposes_on_leaving)
+    serve_by_layer: bool = False  # a loading GPU peer (joiner or mover) serves each layer as it arrives (gpu_load_order)
+    # Share of its capacity a GPU peer serving part of its window gets until the whole window is there:
+    # the peer decodes those layers eagerly until it captures its CUDA graphs (peer/moves.py).
+    growing_share: float = 1.0
+    joins_by_layer: bool = True  # ... joiners too (False: movers only, as the GPU peer does: peer/moves.py)
+    check_arrays: bool = False  # at every metric sample, compare the incremental arrays with a recount (tests)
+
+
+def draw_peer(pop: random.Random, index: int) -> SimPeer:
+    """One peer of the GPU mix, drawn from the population stream `pop`."""
+    k, median, _ = pop.choices(GPU_CLASSES, [c[2] for c in GPU_CLASSES])[0]
+    return SimPeer(f"peer{index:06d}", k, median * math.exp(pop.gauss(0, THROUGHPUT_SIGMA)), pop.uniform(*RTT_RANGE_S))
+
+
+def initial_peers(pop: random.Random, count: int, redundancy: float, layers: int = 0) -> tuple[list[SimPeer], int]:
+    """The swarm at t = 0 and the model's layers: `layers`, or as many as the peers hold `redundancy` times."""
+    initial = [draw_peer(pop, i) for i in range(count)]
+    num_layers = layers or max(1, round(sum(p.k for p in initial) / redundancy))
+    for p in initial:
+        p.k = min(p.k, num_layers)
+    return initial, num_layers
 
 
 def simulate(cfg: SimConfig) -> SimResult:
@@ -170,17 +200,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     # Standbys draw from their own streams, so the GPU peers' runs are the same with or without them.
     has_standby = random.Random(f"{cfg.seed}-standby")
     standby_rng = random.Random(f"{cfg.seed}-standby-decisions")
-    weights = [c[2] for c in GPU_CLASSES]
-
-    def new_peer(index: int) -> SimPeer:
-        k, median, _ = pop.choices(GPU_CLASSES, weights)[0]
-        return SimPeer(f"peer{index:06d}", k, median * math.exp(pop.gauss(0, THROUGHPUT_SIGMA)),
-                     pop.uniform(*RTT_RANGE_S))
-
-    initial = [new_peer(i) for i in range(cfg.peers)]
-    num_layers = cfg.layers or max(1, round(sum(p.k for p in initial) / cfg.redundancy))
-    for p in initial:
-        p.k = min(p.k, num_layers)
+    initial, num_layers = initial_peers(pop, cfg.peers, cfg.redundancy, cfg.layers)
     swarm = SwarmArrays(num_layers)
     counts = swarm.counted if cfg.redundancy_aware else None
     guarded = swarm.guarded if cfg.standby_share > 0 and cfg.guard_discount else None
@@ -204,7 +224,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         """layer_servers as the DHT view shows them: an abruptly gone peer's record lingers until it expires."""
         servers = swarm.staying_n[:]
         for q in expiring.values():
-            for layer in range(q.serving.start, q.serving.end) if q.serving is not None else ():
+            span = q.served  # a peer that crashed while loading by layer: what its record listed
+            for layer in range(span.start, span.end) if span is not None else ():
                 servers[layer] += 1
         return servers
 
@@ -338,22 +359,78 @@ def simulate(cfg: SimConfig) -> SimResult:
         if instant:
             go_online(p)
         else:
-            push(now + cfg.load_s_per_layer * p.k, "online", p.peer_id, p.generation)
+            load_gpu_peer(p, now, cfg.load_s_per_layer, by_layer=cfg.serve_by_layer and cfg.joins_by_layer)
         if leave_rate > 0:
             push(now + pop.expovariate(leave_rate), "depart", p.peer_id)
         push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
+
+    def gpu_load_order(target: LayerRange) -> list[int]:
+        """routing.standby.load_order for a GPU peer loading `target`, judged before it counts there.
+
+        A layer no GPU peer serves weighs EXPOSED_GAP (3): while one is left the swarm's max flow is
+        0 (clients crawl on a standby, or wait), so one such layer outweighs any thin one. A thin
+        layer weighs its shortfall below thin_limit as a share of it (0-1): the thinnest bound the
+        flow most, and a layer a drainer alone serves (staying 0) counts as fully short, so the
+        drainer can go sooner. The rest weigh 0: any order serves them as soon, give or take.
+        """
+        limit = swarm.thin_limit()
+        weight = [0.0] * num_layers
+        for layer in range(target.start, target.end):
+            if swarm.online_n[layer] == 0:
+                weight[layer] = EXPOSED_GAP
+            elif limit > 0 and swarm.staying_thr[layer] < limit:
+                weight[layer] = 1.0 - swarm.staying_thr[layer] / limit
+        return load_order(target, weight)
+
+    def load_gpu_peer(p: SimPeer, now: float, load_s: float, by_layer: bool) -> None:
+        """p (placed at p.layers, serving nothing) loads its window; "online" when all is there.
+        `by_layer`: it also serves each layer as it arrives, in gpu_load_order."""
+        if by_layer:
+            p.to_load = gpu_load_order(p.layers)
+            for i in range(p.k - 1):  # the last layer comes with "online"
+                push(now + load_s * (i + 1), "gpu_layer", p.peer_id, p.generation)
+        push(now + load_s * p.k, "online", p.peer_id, p.generation)
+
+    def serve_layer(p: SimPeer, now: float) -> None:
+        """The next layer of p's load arrived: it serves it, as a staying server (p never drains
+        while loading); its capacity counts k * thr in the max flow from the first layer on."""
+        layer = p.to_load.pop(0)
+        p.arrived.append(layer)
+        swarm.serve(LayerRange(layer, layer + 1), p, +1)
+        swarm.stay(LayerRange(layer, layer + 1), p, +1)
+        wake_standbys(now)
+        wake_drainers(now)
+
+    def unserve_arrived(p: SimPeer) -> None:
+        """Take a partly loaded p's layers out of the serving arrays (p.arrived is kept: a crashed
+        peer's record lists them until it expires, view_servers)."""
+        for layer in p.arrived:
+            swarm.serve(LayerRange(layer, layer + 1), p, -1)
+            swarm.stay(LayerRange(layer, layer + 1), p, -1)
+        p.to_load = []
+
+    def wake_drainers(now: float) -> None:
+        for q in [q for q in peers.values() if q.draining]:  # few at a time
+            if may_leave(q, now):
+                push(now, "drained", q.peer_id)
 
     def go_online(p: SimPeer) -> None:
         p.serving = p.layers
         swarm.serve(p.serving, p, +1)
         swarm.stay(p.serving, p, +1)
+        if p.arrived:  # after the whole window is counted, so no layer's count passes through 0
+            unserve_arrived(p)
+            p.arrived = []
 
     def leave(p: SimPeer, now: float) -> None:
         """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S) or the crash watch drops it."""
+        served = p.served
         if p.serving is not None:
             swarm.serve(p.serving, p, -1)
             if not p.draining:
                 swarm.stay(p.serving, p, -1)
+        elif p.arrived:  # it left while loading by layer (a loader leaves at once, graceful or not)
+            unserve_arrived(p)
         del peers[p.peer_id]
         sb = standbys.pop(p.peer_id, None)
         if sb is not None:  # a standby leaves with its host
@@ -363,11 +440,11 @@ def simulate(cfg: SimConfig) -> SimResult:
             expiring[p.peer_id] = p
             # The last announcement was 0-10 s ago, so the record outlives its peer by 20-30 s.
             expires = now + rng.uniform(RECORD_TTL_S * 2 / 3, RECORD_TTL_S)
-            if cfg.crash_watch and p.serving is not None:
+            if cfg.crash_watch and served is not None:
                 expires = min(expires, now + CRASH_SEEN_S)
             push(expires, "expire", p.peer_id)
 
-    swarm_flow: list = [-1, (0.0, None)]  # (swarm.placements it was computed at, flow_and_bottleneck)
+    view_flow: list = [-1, (0.0, None)]  # (swarm.placements it was computed at, routing.swarm_flow)
 
     def try_move(p: SimPeer, now: float, delay: float = 0.0) -> bool:
         """Balance check of p; a move decided now starts loading after `delay` (its react wait)."""
@@ -388,12 +465,12 @@ def simulate(cfg: SimConfig) -> SimResult:
                            guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit())
         if target is None and cfg.flow_moves and (p.moved_at is None or now - p.moved_at >= cfg.flow_move_cooldown_s):
             counted_peers = [q for q in [*peers.values(), *expiring.values()] if not q.draining]
-            if swarm_flow[0] != swarm.placements:  # every peer reading this view shares its max flow
+            if view_flow[0] != swarm.placements:  # every peer reading this view shares its max flow
                 placed = [(q.layers, q.thr * q.k) for q in counted_peers]
-                swarm_flow[:] = [swarm.placements, flow_and_bottleneck(placed, num_layers)]
+                view_flow[:] = [swarm.placements, swarm_flow(placed, num_layers)]
             others_placed = [(q.layers, q.thr * q.k) for q in counted_peers if q is not p]
             target = plan_flow_move(others_placed, num_layers, p.layers, p.thr * p.k, others, online, staying,
-                                    swarm.thin_limit(), swarm_flow[1], cfg.flow_move_gain)
+                                    swarm.thin_limit(), view_flow[1], cfg.flow_move_gain)
         if target is None:
             return False
         # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
@@ -405,7 +482,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.place(p, -1)
         p.layers, p.generation, p.moved_at = target, p.generation + 1, now
         swarm.place(p, +1)
-        push(now + delay + move_load_s(p, now) * p.k, "online", p.peer_id, p.generation)
+        load_gpu_peer(p, now + delay, move_load_s(p, now), by_layer=cfg.serve_by_layer)
         return True
 
     def urgent() -> bool:
@@ -426,9 +503,9 @@ def simulate(cfg: SimConfig) -> SimResult:
                       for q in peers.values())
         return not loading and now >= drain_started[p.peer_id] + THIN_GRACE_S
 
-    # The optimum lies between this placement's max flow and the capacity bound (docs/balancing.md).
-    ordered_vs_bound = ordered_placement([(p.k, p.k * p.thr) for p in initial], num_layers)[0] / (
-        sum(p.k * p.thr for p in initial) / num_layers)
+    # The optimum of the initial peers lies in this bracket (docs/balancing.md, "The optimum we measure against").
+    initial_bound = sum(p.k * p.thr for p in initial) / num_layers
+    bracket = optimum_bracket([(p.k, p.k * p.thr) for p in initial], num_layers)
     for p in initial:  # a warm swarm: the first peers are already loaded at t = 0
         admit(p, 0.0, instant=True)
     next_index = cfg.peers
@@ -484,7 +561,7 @@ def simulate(cfg: SimConfig) -> SimResult:
                 values.clear()
             swarm.gaps_opened = 0
         elif kind == "arrive":
-            admit(new_peer(next_index), now, instant=False)
+            admit(draw_peer(pop, next_index), now, instant=False)
             next_index += 1
             joins += 1
             push(now + pop.expovariate(cfg.peers * leave_rate), "arrive")
@@ -520,9 +597,9 @@ def simulate(cfg: SimConfig) -> SimResult:
         elif kind == "online" and p is not None and gen == p.generation:
             go_online(p)
             wake_standbys(now)
-            for q in [q for q in peers.values() if q.draining]:  # few at a time
-                if may_leave(q, now):
-                    push(now, "drained", q.peer_id)
+            wake_drainers(now)
+        elif kind == "gpu_layer" and p is not None and gen == p.generation and p.to_load:
+            serve_layer(p, now)
         elif kind == "react":
             if not urgent():
                 continue
@@ -582,6 +659,9 @@ def simulate(cfg: SimConfig) -> SimResult:
                     for layer in range(sb.layers.start, sb.layers.end):
                         swarm.serve_standby(LayerRange(layer, layer + 1), -1)
         elif kind == "metric":
+            if cfg.check_arrays:
+                fresh = recount(num_layers, peers.values(), expiring.values(), standbys.values())
+                assert not array_mismatches(swarm, fresh), (now, array_mismatches(swarm, fresh))
             bound = sum(q.thr * q.k for q in peers.values()) / num_layers
             ratio = (min(swarm.online_thr) if not swarm.gpu_uncovered else 0.0) / bound if bound else 0.0
             ratios.append(ratio)
@@ -592,19 +672,20 @@ def simulate(cfg: SimConfig) -> SimResult:
             series["sole_layers"].append(swarm.staying_n.count(1))
             series["memory_ratio"].append(round(sum(q.k for q in peers.values() if not q.draining) / num_layers, 4))
             exposed_counts.append(sum(1 for n, ready in zip(swarm.staying_n, swarm.standby_n) if n <= 1 and not ready))
-            sole_counts.append(sum(1 for q in peers.values() if not q.draining and q.serving is not None
-                                   and 1 in swarm.staying_n[q.serving.start:q.serving.end]))
+            sole_counts.append(sum(1 for q in peers.values() if not q.draining and q.served is not None
+                                   and 1 in swarm.staying_n[q.served.start:q.served.end]))
         elif kind == "route":
-            serving = [q for q in peers.values() if q.serving is not None]
+            serving = [q for q in peers.values() if q.served is not None]  # a peer loading by layer: what it has
             records = {
-                q.peer_id: PeerRecord(q.peer_id, "sim", q.serving,
-                                      PeerState.DRAINING if q.draining else PeerState.ONLINE, q.thr, free_pages=100)
+                q.peer_id: PeerRecord(q.peer_id, "sim", q.served, PeerState.DRAINING if q.draining else PeerState.ONLINE,
+                                      q.thr * (cfg.growing_share if q.loading else 1.0), free_pages=100)
                 for q in serving
             }
             view = SwarmView("sim", num_layers, records, {q: peers[q].rtt for q in records})
             # While only standbys (or nobody) serve some layer the GPU peers' max flow is 0, and so is
             # the sample: skipping it, as before 2026-11-30, reported the swarm's good moments only.
-            flow, spread, spread_load = _flows(serving, num_layers) if not swarm.gpu_uncovered else (0.0, 0.0, 0.0)
+            flow, spread, spread_load = (_flows(serving, num_layers, cfg.growing_share) if not swarm.gpu_uncovered
+                                         else (0.0, 0.0, 0.0))
             bound = sum(q.thr * q.k for q in peers.values()) / num_layers
             flow_ratios.append(flow / bound)
             series["flow_t_h"].append(now / per_hour)
@@ -651,7 +732,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         route_hops_mean=mean([float(h) for h in route_hops]),
         route_plan_ms_mean=mean(plan_ms),
         routes_failed=routes_failed,
-        ordered_vs_bound=ordered_vs_bound,
+        optimum_low_vs_bound=bracket.low / initial_bound,
+        optimum_high_vs_bound=bracket.high / initial_bound,
         sole_servers_mean=mean([float(n) for n in sole_counts]) or 0.0,
         gaps_opened=swarm.gaps_opened,
         standby_only_time_fraction=standby_only_time / measured if measured else 0.0,
@@ -681,10 +763,13 @@ def _balance_arrays(swarm: SwarmArrays, k: int, cfg: SimConfig, counts: list[int
     return swarm.at_least(k), counts
 
 
-def _flows(serving: list[SimPeer], num_layers: int) -> tuple[float, float, float]:
-    """(max flow of the serving placement, flow the spread split carries, its max / mean utilisation)."""
-    spans = [q.serving for q in serving]
-    caps = [q.thr * q.k for q in serving]
+def _flows(serving: list[SimPeer], num_layers: int, growing_share: float = 1.0) -> tuple[float, float, float]:
+    """(max flow of the serving placement, flow the spread split carries, its max / mean utilisation).
+
+    A peer still loading part of its window counts at `growing_share` of its capacity (SimConfig).
+    """
+    spans = [q.served for q in serving]
+    caps = [q.thr * q.k * (growing_share if q.loading else 1.0) for q in serving]
     flow = max_flow_of(list(zip(spans, caps)), num_layers)
     full_at = full_flows(spans, caps, flow_weights(spans, caps, num_layers), num_layers)
     per_flow = [1.0 / f for f in full_at]  # each peer's utilisation per unit of flow
@@ -731,8 +816,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="discount sole-served layers even where a standby guards them (the rule before: GPU peers ignore standbys)")
     ap.add_argument("--no-flow-moves", action="store_true",
                     help="running peers move only by should_move's strength rule, never for the max flow (the rule before)")
-    ap.add_argument("--flow-move-gain", type=float, default=FLOW_MOVE_GAIN,
-                    help="share by which a flow move must raise the swarm's max flow (routing.FLOW_MOVE_GAIN)")
+    ap.add_argument("--flow-move-gain", type=float, default=None,
+                    help="a fixed share by which every flow move must raise the swarm's max flow (default: "
+                         "routing.flow_move_gain, twice the mover's capacity share within 0.05-1%%; 0.01 is the rule before)")
     ap.add_argument("--flow-move-cooldown", type=float, default=FLOW_MOVE_COOLDOWN_S,
                     help="seconds after its last move before a peer may make a flow move (routing.FLOW_MOVE_COOLDOWN_S)")
     ap.add_argument("--standby-moves-in-use", action="store_true",
@@ -748,6 +834,15 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--exposing-peers-react-as-soon", action="store_true",
                     help="a reacting peer whose leaving would leave one of its layers to a single unguarded server decides "
                          "as soon as the others of its size, not a step later (the rule before)")
+    ap.add_argument("--serve-by-layer", nargs="?", const="all", choices=("all", "moves"),
+                    help="a loading GPU peer serves each layer as it arrives, layers no GPU peer serves first, then the "
+                         "thinnest: joiners and movers (all), or movers only (moves: what the GPU peer does, "
+                         "peer/moves.py; its joins load the whole window first)")
+    ap.add_argument("--growing-share", type=float, default=1.0,
+                    help="with --serve-by-layer, the share of its capacity a GPU peer gets while part of its window "
+                         "is loaded: it decodes eagerly until its CUDA graphs are captured (1: as fast as loaded; on the "
+                         "H200, docs/performance.md, eager decode is ~1/8 of graphs for 7B-sized layers, ~1/4 for "
+                         "70B-sized ones; slower GPUs lose less)")
     ap.add_argument("--no-crash-watch", action="store_true",
                     help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
@@ -756,6 +851,8 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
+    if not 0 < a.growing_share <= 1:
+        ap.error(f"--growing-share is a share of capacity in (0, 1], got {a.growing_share}")
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     load_s_per_layer=a.load_s_per_layer, move_load_s_per_layer=a.move_load_s_per_layer,
                     prefetch_s=a.prefetch_s,
@@ -768,7 +865,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     crash_watch=not a.no_crash_watch, standby_stays_in_use=not a.standby_moves_in_use,
                     small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
-                    react_clean_first=not a.exposing_peers_react_as_soon)
+                    react_clean_first=not a.exposing_peers_react_as_soon, serve_by_layer=a.serve_by_layer is not None,
+                    joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share)
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"

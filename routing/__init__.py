@@ -8,19 +8,25 @@ Only `swarm.types` is imported from the rest of the project.
              covering a span of layers (shortest path over layer boundaries).
 - bans.py    BanList: peers that failed recently, exponential backoff; its penalties()
              feed plan_route(banned=...).
-- balance.py layer_throughput, layer_counts, layer_servers, choose_layers (flow-aware), should_move,
-             urgent_layers, thin_layers, covered_without, may_move, thin_without, incoming,
-             possible_takers (array-level forms: choose_window, plan_move): which layers a
-             peer should serve (sole-served layers discounted unless a standby guards them);
-             when to decide at once (gaps, thin layers); when an announced move may go on (a
-             swarm that is down lets a sole server shift into the gap); when a draining peer may leave
-             (helpers shared with flow_move.py: leaves_safely, window_holding, balanced_placement).
+- balance.py choose_layers (flow-aware), should_move (array-level forms: choose_window,
+             plan_move): which layers a peer should serve (sole-served layers discounted
+             unless a standby guards them).
+- layer_view.py layer_throughput, layer_counts, layer_servers, staying_throughput,
+             guarded_layers, balanced_placement: what each layer holds, as balancing, moves and
+             drains count it.
+- leaving.py urgent_layers, thin_layers, covered_without, may_move, thin_without, incoming,
+             possible_takers, exposes_on_leaving, leaves_safely: when to decide at once (gaps,
+             thin layers); when a move may start or go on (a swarm that is down lets a sole
+             server shift into the gap); when a draining peer may leave; who reacts a step later.
 - flow_move.py flow_move (array-level: plan_flow_move): a running peer moves to where the
-             max flow runs dry when that raises it by FLOW_MOVE_GAIN, at most once per
-             FLOW_MOVE_COOLDOWN_S (after should_move says stay).
+             max flow runs dry when that raises it by flow_move_gain (its capacity share, x2,
+             within 0.05-1%), at most once per FLOW_MOVE_COOLDOWN_S (after should_move says
+             stay); swarm_flow: the one max flow per view those checks share.
 - standby.py standby_layers (standby_window, exposure): where a standby guards the layers one
              crash would leave dark; standby_load_order (load_order): in which order a loading
              standby should fetch and serve them, the exposed ones first, one growing range.
+- move_order.py move_load_order: in which order a moving GPU peer that serves each layer as it
+             arrives loads its target: layers no GPU peer serves first, then the thinnest.
 - spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
              parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
@@ -31,28 +37,37 @@ Only `swarm.types` is imported from the rest of the project.
 from routing.balance import (
     DEFAULT_QUALITY,
     SOLE_DISCOUNT,
-    THIN_SHARE,
     choose_layers,
     choose_window,
-    covered_without,
-    exposes_on_leaving,
-    incoming,
-    layer_counts,
-    layer_servers,
-    layer_throughput,
-    may_move,
     plan_move,
-    possible_takers,
     should_move,
     strengths,
-    thin_layers,
-    thin_without,
-    urgent_layers,
 )
 from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
 from routing.costs import RouteCosts, hop_cost
 from routing.flow import capacity_bound, max_flow_throughput
-from routing.flow_move import FLOW_MOVE_COOLDOWN_S, FLOW_MOVE_GAIN, flow_move, plan_flow_move
+from routing.flow_move import (
+    FLOW_MOVE_COOLDOWN_S,
+    FLOW_MOVE_GAIN,
+    FLOW_MOVE_GAIN_FLOOR,
+    flow_move,
+    flow_move_gain,
+    plan_flow_move,
+    swarm_flow,
+)
+from routing.layer_view import layer_counts, layer_servers, layer_throughput
+from routing.leaving import (
+    THIN_SHARE,
+    covered_without,
+    exposes_on_leaving,
+    incoming,
+    may_move,
+    possible_takers,
+    thin_layers,
+    thin_without,
+    urgent_layers,
+)
+from routing.move_order import move_load_order
 from routing.route import NoRouteError, plan_route, route_cost
 from routing.spread import choose_route, sample_route
 from routing.standby import load_order, standby_layers, standby_load_order, standby_window
@@ -64,6 +79,7 @@ __all__ = [
     "DEFAULT_QUALITY",
     "FLOW_MOVE_COOLDOWN_S",
     "FLOW_MOVE_GAIN",
+    "FLOW_MOVE_GAIN_FLOOR",
     "SOLE_DISCOUNT",
     "THIN_SHARE",
     "BanList",
@@ -77,6 +93,7 @@ __all__ = [
     "may_move",
     "capacity_bound",
     "flow_move",
+    "flow_move_gain",
     "hop_cost",
     "incoming",
     "layer_counts",
@@ -84,7 +101,9 @@ __all__ = [
     "layer_throughput",
     "load_order",
     "max_flow_throughput",
+    "move_load_order",
     "plan_flow_move",
+    "swarm_flow",
     "plan_move",
     "plan_route",
     "possible_takers",

@@ -45,7 +45,9 @@ minding machines that fail together.
 
 The array-level functions (choose_window, plan_move) take per-layer lists so a
 simulator can keep them incrementally; choose_layers / should_move are the
-same on a SwarmView.
+same on a SwarmView. The per-layer arrays they weigh live in routing/layer_view.py, and the
+checks of whether a peer may leave its layers (moves, drains, urgent and thin layers) in
+routing/leaving.py.
 """
 
 from __future__ import annotations
@@ -53,7 +55,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from routing.flow import bottleneck_layer
-from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
+from routing.layer_view import (
+    balanced_placement,
+    guarded_layers,
+    layer_counts,
+    layer_servers,
+    layer_throughput,
+    staying_throughput,
+)
+from routing.leaving import leaves_safely, swarm_down, thin_threshold, vacates_only_into
+from swarm.types import LayerRange, SwarmView
 
 # Petals' default balance_quality. A move must make the bottleneck of the layers it touches
 # at least 1/0.75 = 1.33x what it is now. Every move costs minutes of reloading weights
@@ -66,101 +77,10 @@ DEFAULT_QUALITY = 0.75
 # Measured in the simulator (docs/balancing.md, 500 peers at 2x): coverage 94.5% -> 98.6% for
 # max flow 58% -> 43% of the bound; a strict "two servers first" order got 99.7% at 20%.
 SOLE_DISCOUNT = 0.5
-# A layer whose staying ONLINE throughput is below this share of the mean layer throughput is
-# thin (thin_layers). The mean is the capacity bound: what every layer carries when the swarm
-# is perfectly even. 1/2: a two-deep layer losing one of two equal servers falls to about half,
-# which is what a departure does, while a settled swarm keeps most layers above it. Measured in
-# the simulator (docs/balancing.md, 200 peers, 2x): 0.6 gave the same max flow at 1.1 moves per
-# peer-hour on one seed (the budget is 1), 0.5 at 0.6-0.8.
-THIN_SHARE = 0.5
 
-COUNTED_STATES = (PeerState.ONLINE, PeerState.JOINING)  # where balancing counts a peer (a mover at its target)
 # Throughput standing in for "served, but only by peers outside my tier" when real gaps are
 # ranked: above 0 (not a gap), below any real throughput.
 _NOT_A_GAP = 1e-12
-
-
-def layer_throughput(view: SwarmView, *, without: str | None = None, min_layers: int = 0) -> list[float]:
-    """Per-layer sum of the throughput of ONLINE and JOINING peers (movers at their target)
-    holding at least `min_layers` layers (the tier a peer of that size balances against),
-    optionally leaving one out."""
-    out = [0.0] * view.num_layers
-    for r in _sorted_records(view):
-        span = _balanced_layers(r)
-        if span is not None and r.peer_id != without and len(span) >= min_layers:
-            for layer in range(span.start, min(span.end, view.num_layers)):
-                out[layer] += r.throughput
-    return out
-
-
-def layer_servers(view: SwarmView, *, without: str | None = None) -> list[int]:
-    """Per-layer count of ONLINE peers that will go on serving the layer: a moving peer counts
-    only on the layers it keeps (it stops serving the rest at its swap)."""
-    out = [0] * view.num_layers
-    for r in view.records.values():
-        span = _staying_layers(r)
-        if span is not None and r.peer_id != without:
-            for layer in range(span.start, min(span.end, view.num_layers)):
-                out[layer] += 1
-    return out
-
-
-def staying_throughput(view: SwarmView, *, without: str | None = None) -> list[float]:
-    """Per-layer throughput of the servers layer_servers counts (ONLINE, on the layers they keep)."""
-    out = [0.0] * view.num_layers
-    for r in _sorted_records(view):
-        span = _staying_layers(r)
-        if span is not None and r.peer_id != without:
-            for layer in range(span.start, min(span.end, view.num_layers)):
-                out[layer] += r.throughput
-    return out
-
-
-def guarded_layers(view: SwarmView) -> list[bool]:
-    """Layers a standby serves or is loading (ONLINE or JOINING, a mover at its target): a crash of
-    their sole server leaves them slow, not dark, so they need no SOLE_DISCOUNT. A loading standby
-    counts already, like a loading GPU peer in layer_counts: counted only once ONLINE, guards flip
-    at every standby move and the GPU peers follow (measured: more moves, less flow,
-    docs/balancing.md). (Machines aside: a standby keeps off its own machine's layers when it
-    chooses, routing.standby.)"""
-    out = [False] * view.num_layers
-    for r in view.records.values():
-        span = r.moving_to or r.layers
-        if r.standby and r.state in COUNTED_STATES:
-            for layer in range(span.start, min(span.end, view.num_layers)):
-                out[layer] = True
-    return out
-
-
-def layer_counts(view: SwarmView, *, without: str | None = None) -> list[int]:
-    """Per-layer count of ONLINE and JOINING peers, movers at their target (the servers
-    balancing counts on)."""
-    out = [0] * view.num_layers
-    for r in view.records.values():
-        span = _balanced_layers(r)
-        if span is not None and r.peer_id != without:
-            for layer in range(span.start, min(span.end, view.num_layers)):
-                out[layer] += 1
-    return out
-
-
-def _balanced_layers(r: PeerRecord) -> LayerRange | None:
-    """Where balancing counts a record: a moving peer at its target; DRAINING, OFFLINE and
-    standby peers nowhere (a standby is a slow safety net, not capacity: see routing/standby.py)."""
-    if r.state not in COUNTED_STATES or r.standby:
-        return None
-    return r.moving_to if r.moving_to is not None else r.layers
-
-
-def _staying_layers(r: PeerRecord) -> LayerRange | None:
-    """The layers an ONLINE peer will still serve: all of them, or those its move keeps (a
-    standby none: a layer only it holds is as exposed as a gap to the moves and drains of others)."""
-    if r.state is not PeerState.ONLINE or r.standby:
-        return None
-    if r.moving_to is None:
-        return r.layers
-    start, end = max(r.layers.start, r.moving_to.start), min(r.layers.end, r.moving_to.end)
-    return LayerRange(start, end) if start < end else None
 
 
 def choose_window(
@@ -294,27 +214,6 @@ def plan_move(
     return target if weakest_now < quality * weakest_then else None
 
 
-def leaves_safely(current: LayerRange, others_online: Sequence[int], others_staying: Sequence[float] | None = None,
-                  thin_limit: float = 0.0) -> bool:
-    """May a peer stop serving `current` for a reload (plan_move's first two conditions)?"""
-    for layer in range(current.start, current.end):
-        if others_online[layer] <= 0:
-            return False  # a layer only I serve: while I load my new range it would go dark
-        if others_staying is not None and others_staying[layer] < thin_limit:
-            return False  # a layer I would leave thin: its dip would last my whole reload
-    return True
-
-
-def vacates_only_into(current: LayerRange, target: LayerRange, others_online: Sequence[int]) -> bool:
-    """Does `target` hold every layer of `current` that no other ONLINE peer serves?"""
-    return all(layer in target for layer in range(current.start, current.end) if others_online[layer] <= 0)
-
-
-def swarm_down(view: SwarmView, current: LayerRange) -> bool:
-    """Has some layer outside `current` no ONLINE or DRAINING server, standbys included (no route exists)?"""
-    return any(layer not in current for layer in view.uncovered_layers())
-
-
 def strengths(throughput: Sequence[float], servers: Sequence[int], discount: float = SOLE_DISCOUNT,
               guarded: Sequence[bool] | None = None) -> list[float]:
     """Per-layer throughput, a sole-served layer's at `discount` of it unless `guarded` (0 stays 0)."""
@@ -327,111 +226,6 @@ def _strength(others: Sequence[float], counted: Sequence[int], layer: int, mine:
               discount: float, guarded: Sequence[bool] | None) -> float:
     value = others[layer] + (thr if mine else 0.0)
     return value * discount if counted[layer] + mine == 1 and not (guarded and guarded[layer]) else value
-
-
-def urgent_layers(view: SwarmView) -> list[int]:
-    """Layers that no ONLINE peer serves (uncovered, or served only by DRAINING peers) or that
-    are thin (thin_layers).
-
-    A peer that sees new ones should decide at once instead of at its next balance period: a
-    draining peer waits for a replacement, a gap stops every client, and a thin layer caps the
-    whole swarm's throughput until someone reloads there.
-    """
-    servers = layer_servers(view)
-    thin = set(thin_layers(view))
-    return [layer for layer, n in enumerate(servers) if n == 0 or layer in thin]
-
-
-def thin_layers(view: SwarmView, *, without: str | None = None) -> list[int]:
-    """Layers whose staying ONLINE servers (optionally without peer `without`) carry less than
-    THIN_SHARE of the mean layer throughput of the peers balancing counts (the capacity bound)."""
-    limit = thin_threshold(view, without=without)
-    return [layer for layer, t in enumerate(staying_throughput(view, without=without)) if t < limit]
-
-
-def thin_threshold(view: SwarmView, *, without: str | None = None) -> float:
-    """THIN_SHARE of the mean layer throughput of the peers balancing counts (the capacity bound)."""
-    counted = layer_throughput(view, without=without)
-    return THIN_SHARE * sum(counted) / len(counted) if counted else 0.0
-
-
-def thin_without(view: SwarmView, me: str) -> bool:
-    """Would one of peer `me`'s layers be thin if it left now? A draining peer then waits for a
-    replacement that is loading there (incoming), within its bounded wait."""
-    record = view.records.get(me)
-    if record is None:
-        return False
-    thin = set(thin_layers(view, without=me))
-    return any(layer in thin for layer in range(record.layers.start, min(record.layers.end, view.num_layers)))
-
-
-def incoming(view: SwarmView, me: str) -> list[str]:
-    """Peers loading onto peer `me`'s layers: JOINING ones, or moving ones whose target overlaps them."""
-    record = view.records.get(me)
-    if record is None:
-        return []
-    out = []
-    for r in _sorted_records(view):
-        target = r.moving_to if r.moving_to is not None else r.layers if r.state is PeerState.JOINING else None
-        if (r.peer_id != me and not r.standby and target is not None
-                and target.start < record.layers.end and record.layers.start < target.end):
-            out.append(r.peer_id)
-    return out
-
-
-def covered_without(view: SwarmView, me: str, layers: LayerRange | None = None) -> bool:
-    """Does every layer of peer `me` (its record's, or `layers`) have another ONLINE server that
-    is not moving away? A draining peer may leave then; a peer that announced a move checks it
-    once more (peer/server.py migrate), since another may have decided to leave at the same time.
-    """
-    if layers is None:
-        record = view.records.get(me)
-        if record is None:
-            return True
-        layers = record.layers
-    servers = layer_servers(view, without=me)
-    return all(servers[layer] > 0 for layer in range(layers.start, min(layers.end, view.num_layers)))
-
-
-def exposes_on_leaving(view: SwarmView, me: str) -> bool:
-    """Would peer `me` leaving its layers (a move or a departure) leave one of them to a single
-    ONLINE server that no standby guards: one crash from dark? A peer reacting to urgent layers
-    waits one step more then (peer/balancer.py react_delay), so that peers of its size whose
-    leaving exposes nothing refill first, and it stays where it is needed if one of them did."""
-    record = view.records.get(me)
-    if record is None:
-        return False
-    servers = layer_servers(view, without=me)
-    guarded = guarded_layers(view)
-    return any(servers[layer] == 1 and not guarded[layer]
-               for layer in range(record.layers.start, min(record.layers.end, view.num_layers)))
-
-
-def may_move(view: SwarmView, me: str, current: LayerRange, target: LayerRange) -> bool:
-    """May peer `me` go on with its announced move from `current` to `target`? Yes when its layers
-    stay covered without it (covered_without), or when the swarm is down elsewhere and `target`
-    takes every layer only it serves (plan_move's `swarm_down`)."""
-    if covered_without(view, me, current):
-        return True
-    servers = layer_servers(view, without=me)
-    return swarm_down(view, current) and vacates_only_into(current, target, servers)
-
-
-def possible_takers(view: SwarmView, me: str) -> list[str]:
-    """Peers that could still take over `me`'s layers: JOINING and moving ones (they are
-    choosing), and ONLINE ones whose own layers keep another ONLINE server besides them and
-    `me` (plan_move would let them leave). Without any, a draining peer waits for nobody.
-    """
-    servers = layer_servers(view, without=me)
-    out = []
-    for r in _sorted_records(view):
-        if r.peer_id == me or r.standby:
-            continue
-        own = range(r.layers.start, min(r.layers.end, view.num_layers))
-        if r.state is PeerState.JOINING or r.moving_to is not None or (
-                r.state is PeerState.ONLINE and all(servers[i] > 1 for i in own)):
-            out.append(r.peer_id)
-    return out
 
 
 def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:
@@ -448,13 +242,6 @@ def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:
     bottleneck = bottleneck_layer(placement, view.num_layers) if placement else None
     return choose_window(layer_throughput(view, min_layers=num_layers), num_layers, layer_counts(view),
                          bottleneck=bottleneck, guarded=guarded_layers(view))
-
-
-def balanced_placement(view: SwarmView, *, without: str | None = None) -> list[tuple[LayerRange, float]]:
-    """(layers, layer-tokens/s) of every peer balancing counts (a mover at its target), for routing.flow."""
-    return [(LayerRange(span.start, min(span.end, view.num_layers)), len(span) * max(r.throughput, 0.0))
-            for r in _sorted_records(view)
-            if r.peer_id != without and (span := _balanced_layers(r)) is not None and span.start < view.num_layers]
 
 
 def should_move(
@@ -527,8 +314,3 @@ def _index(values: Sequence[float], value: float, start: int) -> int:
         return values.index(value, start)  # type: ignore[attr-defined]
     except ValueError:
         return -1
-
-
-def _sorted_records(view: SwarmView) -> list[PeerRecord]:
-    # Summation order fixed by peer id, so equal views give bit-identical floats.
-    return [view.records[p] for p in sorted(view.records)]

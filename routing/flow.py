@@ -63,13 +63,14 @@ def bottleneck_layer(placement: list[tuple[LayerRange, float]], num_layers: int)
     return flow_and_bottleneck(placement, num_layers)[1]
 
 
-def flow_and_bottleneck(placement: list[tuple[LayerRange, float]], num_layers: int) -> tuple[float, int | None]:
-    """(max flow to BOTTLENECK_TOLERANCE, at most that far below the exact one; bottleneck_layer)."""
-    flow = max_flow_of(placement, num_layers, BOTTLENECK_TOLERANCE)
+def flow_and_bottleneck(placement: list[tuple[LayerRange, float]], num_layers: int,
+                        tolerance: float = BOTTLENECK_TOLERANCE) -> tuple[float, int | None]:
+    """(max flow to `tolerance`, at most that far below the exact one; bottleneck_layer)."""
+    flow = max_flow_of(placement, num_layers, tolerance)
     if flow <= 0:
         return flow, None
     # The true maximum is below flow / (1 - tolerance) < this probe, so the probe surely fails.
-    return flow, _first_short_layer(placement, num_layers, flow * (1 + 2 * BOTTLENECK_TOLERANCE))
+    return flow, _first_short_layer(placement, num_layers, flow * (1 + 2 * tolerance))
 
 
 def _first_short_layer(placement: list[tuple[LayerRange, float]], num_layers: int, flow: float) -> int | None:

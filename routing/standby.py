@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from routing.balance import COUNTED_STATES, layer_servers
+from routing.layer_view import COUNTED_STATES, layer_servers
 from swarm.types import LayerRange, PeerState, SwarmView
 
 # standby_window: a layer nobody serves (a crash already happened, or a draining sole server)

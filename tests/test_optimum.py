@@ -7,7 +7,13 @@ import random
 
 import pytest
 
-from benchmarks.sim_optimum import best_placement, ordered_placement
+from benchmarks.sim_optimum import (
+    best_placement,
+    capped_capacity_bound,
+    optimum_bracket,
+    ordered_placement,
+    profile_placement,
+)
 from routing.flow import bottleneck_layer, capacity_bound, feasible, max_flow_of, max_flow_throughput
 from swarm.types import LayerRange, PeerState
 from tests.routing_helpers import rec, view
@@ -120,3 +126,38 @@ def test_bottleneck_layer_is_where_the_greedy_runs_dry() -> None:
     assert max_flow_of(placement, 4) == pytest.approx(2.0)
     assert bottleneck_layer(placement, 4) == 3
     assert bottleneck_layer([(LayerRange(0, 2), 4.0)], 4) is None  # uncovered layers: no flow
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_bracket_holds_the_brute_force_optimum(seed: int) -> None:
+    rng = random.Random(100 + seed)
+    num_layers = rng.randint(2, 6)
+    peers = [(rng.randint(1, num_layers), rng.choice([1.0, 2.0, 5.0, 20.0])) for _ in range(rng.randint(1, 4))]
+    peers = [(k, k * t) for k, t in peers]
+    optimum = brute_force_best(peers, num_layers)
+    bracket = optimum_bracket(peers, num_layers)
+    assert bracket.low <= optimum * (1 + 1e-6) and optimum <= bracket.high * (1 + 1e-9)
+    assert bracket.high <= sum(c for _, c in peers) / num_layers * (1 + 1e-12)  # never looser than the plain bound
+    flow, placement = profile_placement(peers, num_layers)  # a real placement, its flow exact
+    assert [len(r) for r in placement] == [min(k, num_layers) for k, _ in peers]
+    assert all(0 <= r.start and r.end <= num_layers for r in placement)
+    assert flow == pytest.approx(max_flow_of(list(zip(placement, (c for _, c in peers))), num_layers))
+    assert bracket.low == pytest.approx(max_flow_of(list(zip(bracket.placement, (c for _, c in peers))), num_layers))
+
+
+def test_a_fast_peer_cannot_spend_more_than_the_flow_on_its_one_layer() -> None:
+    # Two one-layer peers on a two-layer model: 10 and 2 tokens/s. The plain bound says 6; the
+    # best placement (one on each layer) carries 2, and so does the capped bound: 2 * 2 <= min(10, 2) + 2.
+    peers = [(1, 10.0), (1, 2.0)]
+    assert capped_capacity_bound(peers, 2) == pytest.approx(2.0)
+    assert brute_force_best(peers, 2) == pytest.approx(2.0)
+    assert optimum_bracket(peers, 2).low == pytest.approx(2.0)
+    assert capped_capacity_bound([(1, 10.0)], 2) == 0.0  # one layer held, two needed: nothing is served
+
+
+def test_the_bracket_pins_a_simulated_public_swarm_within_two_percent() -> None:
+    from benchmarks.sim_bracket import bracket_of
+
+    r = bracket_of(seed=0, peers=200, redundancy=2.0)  # 1,092 layers: far beyond the MILP
+    assert r.high - r.low < 0.02, r
+    assert r.low > r.one_pass  # the profile placement beats the one-pass placement the first sessions used

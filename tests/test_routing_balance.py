@@ -29,8 +29,8 @@ from routing import (
     thin_without,
     urgent_layers,
 )
-from routing.balance import guarded_layers
 from routing.flow import bottleneck_layer, max_flow_throughput, peer_capacities
+from routing.layer_view import guarded_layers
 from swarm.types import LayerRange, PeerRecord, PeerState
 from tests.routing_helpers import joined_swarm, rec, settle, view
 
