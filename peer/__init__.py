@@ -1,7 +1,9 @@
 """The peer process: serves a contiguous range of a model's layers to the swarm.
 
 - `config.py`: `PeerConfig`, `ServingLimits` (what a peer is told at start; no I/O).
-- `server.py`: `PeerServer`, the process's life: join DHT, build the engine, announce, move, stop cleanly.
+- `server.py`: `PeerServer`, the process's life: join DHT, build the engine, announce, stop cleanly.
+- `moves.py`: `Moves` (a mixin of `PeerServer`): `migrate` to another range, beside or in place,
+  serving each layer as it arrives.
 - `engine.py`: `ServingEngine`, the served model state (shard, KV cache, page outputs, CUDA graphs)
   and its one `run_batch` (decode-only batches on CUDA replay graphs; the rest runs eagerly).
 - `handler.py`: the `layerswarm/v1` stream protocol (info, forward, open, step, push, truncate, close).

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import os
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from peer.config import DTYPES, PeerConfig
@@ -21,8 +21,10 @@ from routing import (
     covered_without,
     exposes_on_leaving,
     flow_move,
+    move_load_order,
     should_move,
     standby_layers,
+    standby_load_order,
     urgent_layers,
 )
 from shards.config import ModelConfig
@@ -64,11 +66,14 @@ class Placement:
     visible_maddrs: Callable[[], list[str]]  # what we announce: a standby avoids guarding peers on our machine
     layers: Callable[[], LayerRange | None]
     throughput: Callable[[], float]
-    migrate: Callable[[LayerRange], Awaitable[bool]]  # False: it stepped back (see PeerServer.migrate)
+    # (target, load order or None) -> False when it stepped back (see PeerServer.migrate)
+    migrate: Callable[[LayerRange, Sequence[int] | None], Awaitable[bool]]
     open_sessions: Callable[[], int]  # sessions open here now (a standby that has any is in use: it stays)
 
 
-async def choose_initial_layers(placement: Placement) -> LayerRange:
+async def choose_initial_layers(placement: Placement) -> tuple[LayerRange, list[int] | None]:
+    """The layers to join on, and for a standby the order to load (and serve) them in: the most
+    exposed first (routing.standby_load_order). A GPU peer loads in layer order (None)."""
     cfg = placement.config
     total = placement.model_config.num_layers
     count = cfg.num_layers or layers_that_fit(placement.model_config, DTYPES[cfg.dtype], cfg.device,
@@ -79,10 +84,10 @@ async def choose_initial_layers(placement: Placement) -> LayerRange:
         assert layers is not None  # a peer without a record always gets a window
         logger.info("standby: chose layers %s (%d of %d), where a crash would leave layers dark",
                     layers, len(layers), total)
-        return layers
+        return layers, standby_load_order(view, placement.peer_id(), layers, machines(view, placement))
     layers = choose_layers(view, min(count, total))
     logger.info("chose layers %s (%d of %d) where the swarm is weakest", layers, len(layers), total)
-    return layers
+    return layers, None
 
 
 async def balance_loop(placement: Placement) -> None:
@@ -111,7 +116,8 @@ async def balance_loop(placement: Placement) -> None:
                     logger.info("the swarm's max flow runs dry in %s: moving there from %s raises it",
                                 target, placement.layers())
             if target is not None:
-                if await placement.migrate(target):
+                # Gaps and thin layers first, each served as it arrives (routing.move_load_order).
+                if await placement.migrate(target, move_load_order(view, placement.peer_id(), target)):
                     last_move = loop.time()
                 else:
                     decided_on = []  # stepped back for a peer leaving the same layers: look again at the next read
@@ -208,7 +214,9 @@ async def standby_loop(placement: Placement) -> None:
                 continue
             logger.info("standby: layers %s are more exposed than %s (one crash from dark): moving there",
                         target, mine)
-            await placement.migrate(target)
+            # The most exposed layers first, each served as it arrives (routing.standby_load_order).
+            await placement.migrate(target, standby_load_order(view, placement.peer_id(), target,
+                                                               machines(view, placement)))
         except asyncio.CancelledError:
             raise
         except Exception:

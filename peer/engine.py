@@ -23,13 +23,14 @@ import logging
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 
 import torch
 
 from peer.page_outputs import PageOutputs
 from shards.batch import BatchLayout
 from shards.cuda_graphs import DecodeGraphs
-from shards.quant import quantize_shard
+from shards.quant import check_quant, quantize_block, quantize_shard
 from shards.shard import Shard
 from swarm.types import LayerRange
 
@@ -44,6 +45,7 @@ class ServingEngine:
     def __init__(self, shard: Shard, num_pages: int, page_size: int, max_length: int, *, graphs: bool = True) -> None:
         self.shard = shard
         self.layers = LayerRange(shard.start, shard.end)
+        self.served = self.layers  # what can run now: a sub-range while layers still arrive (load's on_grow)
         self.page_size = page_size
         self.cache = shard.new_cache(num_pages, page_size)
         # None turns prefix sharing off: with length-dependent RoPE a page's keys are not reusable.
@@ -52,16 +54,25 @@ class ServingEngine:
             else None
         )
         self.steps: Counter[str] = Counter()  # batches run, by path ("graph" / "eager"), for `info`
-        self.graphs: DecodeGraphs | None = None
-        if graphs and shard.device.type == "cuda" and shard.supports_fused_decode:
-            self.graphs = DecodeGraphs(shard, self.cache, max_pages_per_seq=-(-max_length // page_size))
-            started = time.perf_counter()
-            self.graphs.capture()
-            logger.info("captured decode graphs for batch sizes %s in %.1f s", ",".join(map(str, self.graphs.buckets)),
-                        time.perf_counter() - started)
-        elif graphs and shard.device.type == "cuda":
-            logger.info("decode graphs are not available for this model family; decoding eagerly")
+        self.graphs: DecodeGraphs | None = self._captured_graphs(max_length) if graphs else None
         self._staging: torch.Tensor | None = None  # pinned host buffer for outputs (CUDA only)
+
+    def _captured_graphs(self, max_length: int) -> DecodeGraphs | None:
+        """Decode graphs of the whole shard, captured (None off CUDA or for families without them).
+        Capture writes no KV (every row is padding) and is thread-local, so batches of this engine
+        may run on another thread meanwhile (a growing engine's partial range, eagerly)."""
+        shard = self.shard
+        if shard.device.type != "cuda":
+            return None
+        if not shard.supports_fused_decode:
+            logger.info("decode graphs are not available for this model family; decoding eagerly")
+            return None
+        graphs = DecodeGraphs(shard, self.cache, max_pages_per_seq=-(-max_length // self.page_size))
+        started = time.perf_counter()
+        graphs.capture()
+        logger.info("captured decode graphs for batch sizes %s in %.1f s", ",".join(map(str, graphs.buckets)),
+                    time.perf_counter() - started)
+        return graphs
 
     @classmethod
     def load(
@@ -77,11 +88,47 @@ class ServingEngine:
         page_size: int,
         max_length: int,
         graphs: bool = True,
+        order: Sequence[int] | None = None,
+        on_grow: Callable[[ServingEngine, LayerRange], None] | None = None,
     ) -> ServingEngine:
-        """Load (and quantize) layers `layers`, allocate the cache, capture graphs. Blocking: call off the loop."""
-        shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=device)
-        quantize_shard(shard, quant, quant_group_size)
-        return cls(shard, num_pages, page_size, max_length, graphs=graphs)
+        """Load (and quantize) layers `layers`, allocate the cache, capture graphs. Blocking: call off the loop.
+
+        With `on_grow` the engine serves each layer as it arrives: the layers load in `order` (each
+        prefix of it one contiguous range, routing.load_order), the engine and its whole cache are
+        made after the first, and `on_grow(engine, served)` is called after each, on this thread,
+        once `served` (the loaded range) can be run. The partial ranges run eagerly; with `graphs`
+        the whole range's decode graphs are captured once the last layer is there, while the
+        engine serves on (`replays` turns true when they are set).
+        """
+        if on_grow is None:
+            shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=device)
+            quantize_shard(shard, quant, quant_group_size)
+            return cls(shard, num_pages, page_size, max_length, graphs=graphs)
+        check_quant(quant, quant_group_size)  # before any load
+        loaded: list[int] = []
+        grown: list[ServingEngine] = []
+
+        def arrived(shard: Shard, layer: int) -> None:
+            if quant != "none":
+                quantize_block(shard.blocks[layer - shard.start], quant, quant_group_size)
+            loaded.append(layer)
+            served = LayerRange(min(loaded), max(loaded) + 1)
+            if len(served) != len(loaded):
+                raise ValueError(f"load order {list(order or [])} does not grow one range: {sorted(loaded)}")
+            shard.fingerprint = shard.fingerprint_of(served.start, served.end)
+            if not grown:
+                grown.append(cls(shard, num_pages, page_size, max_length, graphs=False))
+            grown[0].served = served
+            on_grow(grown[0], served)
+
+        shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=device, order=order,
+                                      on_layer=arrived)
+        if quant != "none":
+            shard.quant = quant  # type: ignore[attr-defined]
+        engine = grown[0]
+        if graphs:
+            engine.graphs = engine._captured_graphs(max_length)  # one assignment: batches see all or nothing
+        return engine
 
     @property
     def fingerprint(self) -> str:
@@ -133,7 +180,7 @@ class ServingEngine:
             self.page_outputs.copy(src, dst)
 
     def measure_throughput(self, steps: int = 8) -> float:
-        """Decode tokens per second of one sequence through every served layer, on the serving path.
+        """Decode tokens per second of one sequence through every served layer (`served`), on the serving path.
 
         Uses the engine's own cache pages 0..k (the pool is still empty at start-up and after a move)
         and `run_batch`, so a CUDA peer announces its graph speed, not its eager speed.
@@ -144,7 +191,7 @@ class ServingEngine:
         if context < 1:
             return 0.0  # a pool too small to measure in; routing treats 0 as unknown
         table = list(range(-(-(context + steps + 1) // ps)))
-        span = (self.layers.start, self.layers.end)
+        span = (self.served.start, self.served.end)
         hidden = self.shard.config.hidden_size
         prompt = torch.randn(context, hidden, dtype=self.shard.dtype)  # (T, H)
         self.run_batch(prompt, BatchLayout([context], [0], [table], ps), span, True)

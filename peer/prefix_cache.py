@@ -85,6 +85,11 @@ class PrefixCache:
             del self._page_of[h]
             self.pool.mark_cacheable(page, False)
 
+    def clear(self) -> None:
+        """Forget every registered page (their content is gone: a new KV cache); evictable ones are free again."""
+        for page in list(self._hash_of):
+            self.unregister(page)
+
     def _forget(self, page: int) -> None:
         h = self._hash_of.pop(page, None)
         if h is not None:

@@ -3,7 +3,7 @@
 start: join the DHT -> choose layers -> build the serving engine (weights, KV cache, decode graphs;
 see `peer/engine.py`) and measure its throughput -> register the stream handler -> announce
 ONLINE (and keep re-announcing before the record expires).
-migrate: build the engine of the new range while the old one serves, then swap it in one step.
+migrate (peer/moves.py, a mixin): serve another range, each layer as it arrives (beside or in place).
 drain (SIGTERM): announce DRAINING -> keep serving until the swarm covers our layers without us
 (see `peer/drain.py`) -> stop.
 stop: announce OFFLINE -> refuse new work -> tell open sessions -> free everything -> leave.
@@ -12,10 +12,10 @@ stop: announce OFFLINE -> refuse new work -> tell open sessions -> free everythi
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 import torch
@@ -26,14 +26,14 @@ from peer.crash_watch import CrashWatch
 from peer.drain import wait_until_covered
 from peer.engine import ServingEngine
 from peer.handler import ServedModel, StreamHandler
-from peer.memory import HEADROOM, available_bytes
+from peer.memory import available_bytes
+from peer.moves import GROW_STEP_TIMEOUT_S, Moves
 from peer.prefetch import prefetch_in_background
 from peer.push import PushLinks
 from peer.rate_limit import RateLimiter
 from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
 from peer.view import ViewService
-from routing import may_move
 from shards.batch import BatchLayout
 from shards.config import ModelConfig
 from shards.kv_cache import KVCache
@@ -58,16 +58,12 @@ def software_version() -> str:
         return "dev"
 
 
-# After announcing a move, wait this long and re-read the swarm before acting on it: a peer that
-# decided to leave the same layers at the same moment has announced its move by then (one DHT
-# store and one get on 127.0.0.1 take milliseconds, across the Internet a few hundred).
-MOVE_CONFIRM_S = 1.0
 # A suspect peer (peer/crash_watch.py) that has not answered an `info` request within this long
 # is treated as gone: a live peer answers in milliseconds, a DHT round trip is well under it.
 PROBE_TIMEOUT_S = 3.0
 
 
-class PeerServer:
+class PeerServer(Moves):
     def __init__(self, config: PeerConfig) -> None:
         self.config = config
         self.state = PeerState.JOINING
@@ -85,6 +81,10 @@ class PeerServer:
         self.limits = Limits(config.limits.max_frame_bytes, config.limits.max_tensor_elements)
         self.crash_watch = CrashWatch(lambda: self.node.fetch_suspects_async(config.model_name), self._probe,
                                       lambda: self.peer_id)
+        # Announcements are stored one at a time, in the order their records were built (_store_record).
+        self._store_lock = threading.Lock()
+        self._records_built = 0
+        self._record_stored = 0
 
     async def start(self) -> None:
         cfg = self.config
@@ -103,14 +103,38 @@ class PeerServer:
             ),
         )
         self.p2p = await self.node.replicate_p2p()
+        order = None  # a standby's load order: it then serves each layer as it arrives
         if self.layers is None:
-            self.layers = await choose_initial_layers(self._placement())
+            self.layers, order = await choose_initial_layers(self._placement())
         self.num_pages = self._pool_pages(self.layers)
-        self.engine, self.throughput = await self._build_engine(self.layers)
+        if order is not None and not self._captures_graphs():
+            await self._join_growing(self.layers, order)
+        else:
+            self.engine, self.throughput = await self._build_engine(self.layers)
+            await self._start_serving()
+            self.state = PeerState.ONLINE
+            await self._announce()
+            self._start_announcing()
+        if cfg.layers is None:  # a fixed --layers peer never moves
+            placing = standby_loop if cfg.standby else balance_loop
+            self._background.append(loop.create_task(placing(self._placement()), name="balance"))
+            if cfg.prefetch and cfg.model_repo is not None:
+                # A daemon thread, not the executor: a download cannot be cancelled, and stopping the
+                # peer must not wait for one.
+                threading.Thread(target=prefetch_in_background, args=(cfg.model_repo, cfg.revision),
+                                 name="prefetch", daemon=True).start()
+
+    def _captures_graphs(self) -> bool:
+        return self.config.cuda_graphs and self.config.device.startswith("cuda")
+
+    async def _start_serving(self) -> None:
+        """The page pool, sessions, scheduler and stream handler, around `self.engine` (None while a
+        growing join loads its first layer: _serve_grown sets what depends on it then)."""
+        cfg = self.config
         self.pool = PagePool(self.num_pages, cfg.page_size)
         self.registry = SessionRegistry(self.pool, cfg.limits, self._copy_page)
-        self.registry.fingerprint = self.engine.fingerprint
-        self.registry.window = self.engine.sliding_window  # pages that slid out of it are freed
+        if self.engine is not None:
+            self.registry.use_engine(self.engine.fingerprint, self.engine.sliding_window)
         self.scheduler = BatchScheduler(
             self._run_batch, page_size=cfg.page_size, max_batch_tokens=cfg.max_chunk_tokens,
             batch_window=cfg.batch_window, enabled=cfg.batching, inline=self._replays,
@@ -124,23 +148,36 @@ class PeerServer:
             self.swarm_key, self.peer_id, RateLimiter(cfg.limits.max_steps_per_second),
         )
         self.handler.forward_priority = cfg.forward_priority
-        self.handler.page_outputs = self.engine.page_outputs
+        self.handler.page_outputs = self.engine.page_outputs if self.engine is not None else None
         self.handler.view = ViewService(self.node.fetch_signed_view_async, cfg.model_name).answer
         await self.p2p.add_binary_stream_handler(PROTOCOL_NAME, stream_handler(self.handler.serve, self.limits))
-        self.state = PeerState.ONLINE
-        await self._announce()
+
+    def _start_announcing(self) -> None:
+        loop = asyncio.get_running_loop()
         self._background = [
             loop.create_task(self._announce_loop(), name="announce"),
             loop.create_task(self._reap_loop(), name="reap-idle"),
         ]
-        if cfg.layers is None:  # a fixed --layers peer never moves
-            placing = standby_loop if cfg.standby else balance_loop
-            self._background.append(loop.create_task(placing(self._placement()), name="balance"))
-            if cfg.prefetch and cfg.model_repo is not None:
-                # A daemon thread, not the executor: a download cannot be cancelled, and stopping the
-                # peer must not wait for one.
-                threading.Thread(target=prefetch_in_background, args=(cfg.model_repo, cfg.revision),
-                                 name="prefetch", daemon=True).start()
+
+    async def _join_growing(self, target: LayerRange, order: Sequence[int]) -> None:
+        """A standby's join: announced JOINING on `target`, it serves each layer as it arrives (as
+        Moves._move_growing does), refusing sessions until the first one can run."""
+        self.loading, self.in_place, self.moving = target, True, True
+        await self._start_serving()
+        await self._announce()
+        self._start_announcing()
+        logger.info("loading layers %s, serving each as it arrives (order %s)", target, ",".join(map(str, order)))
+        loop = asyncio.get_running_loop()
+
+        def grew(engine: ServingEngine, served: LayerRange, throughput: float) -> None:  # on the loading thread
+            asyncio.run_coroutine_threadsafe(self._serve_grown(engine, served, throughput, target), loop).result(
+                timeout=GROW_STEP_TIMEOUT_S)
+
+        try:
+            engine, throughput = await self._build_engine(target, order, grew)
+        finally:
+            self.loading, self.in_place = None, False
+        await self._install(engine, throughput, target, moved=False)
 
     def _placement(self) -> Placement:
         """What the balancer may read and do: the few callables it needs, not the server."""
@@ -166,10 +203,17 @@ class PeerServer:
     async def _probe(self, peer_id: str) -> bool:
         return await answers(self.p2p, peer_id, self.limits, self.swarm_key, PROBE_TIMEOUT_S)
 
-    async def _build_engine(self, layers: LayerRange) -> tuple[ServingEngine, float]:
+    async def _build_engine(
+        self, layers: LayerRange, order: Sequence[int] | None = None,
+        on_grow: Callable[[ServingEngine, LayerRange, float], None] | None = None,
+    ) -> tuple[ServingEngine, float]:
         """Load layers, allocate their cache, capture graphs and measure tokens/s: all off the event loop.
 
-        Measured before the engine serves anyone, so the measurement's cache pages are its own.
+        Measured before the engine serves anyone, so the measurement's cache pages are its own. With
+        `on_grow` (ServingEngine.load: each layer served as it arrives, in `order`) that is after the
+        first layer: `on_grow(engine, served, tokens/s through served)` is called after each layer,
+        at that one layer's speed over the served layers (a layer's cost does not depend on how many
+        the peer holds).
         """
         cfg = self.config
         logger.info("loading layers %s of %s (%s, %s, quant %s)", layers, cfg.model_path, cfg.dtype, cfg.device,
@@ -178,11 +222,21 @@ class PeerServer:
         def build() -> tuple[ServingEngine, float]:
             if cfg.model_repo is not None:  # fetch this range's weight files (cached ones are not fetched again)
                 resolve_for_peer(cfg.model_repo, cfg.revision, (layers.start, layers.end))
+            layer_speed: list[float] = []  # one layer's tokens/s, measured on the first to arrive
+
+            def grew(engine: ServingEngine, served: LayerRange) -> None:
+                if not layer_speed:  # nobody uses this engine's cache yet
+                    layer_speed.append(engine.measure_throughput() * len(served))
+                on_grow(engine, served, layer_speed[0] / len(served))
+
             engine = ServingEngine.load(
                 str(cfg.model_path), layers, dtype=DTYPES[cfg.dtype], device=cfg.device, quant=cfg.quant,
                 quant_group_size=cfg.quant_group_size, num_pages=self.num_pages, page_size=cfg.page_size,
-                max_length=cfg.limits.max_length, graphs=cfg.cuda_graphs,
+                max_length=cfg.limits.max_length, graphs=cfg.cuda_graphs, order=order,
+                on_grow=grew if on_grow is not None else None,
             )
+            if layer_speed:
+                return engine, layer_speed[0] / len(layers)
             return engine, engine.measure_throughput()
 
         engine, throughput = await asyncio.get_running_loop().run_in_executor(None, build)
@@ -216,117 +270,6 @@ class PeerServer:
         """Copy-on-write of a shared page, on the compute thread between two batches."""
         await self.scheduler.run_exclusive(lambda: self.engine.copy_page(src, dst))
 
-    async def migrate(self, target: LayerRange) -> bool:
-        """Serve `target` instead of the current range, without dropping a request silently.
-
-        The move is announced first, and checked once more MOVE_CONFIRM_S later: routing.plan_move
-        moves only a peer whose every layer has another server, but two peers on one range may
-        decide to leave it at the same moment; each then sees the other's announcement and stays
-        (returns False; the balancer retries at a jittered time, so one of them goes first).
-
-        Beside the old range when memory holds both (or --move-mode beside): the new engine
-        (weights, cache, graphs) is built while the old range keeps serving, announced as the
-        record's `moving_to`; then open sessions are told to fail over (a clear retryable error
-        frame each) and the engines are swapped between two batches. In place otherwise (a GPU
-        filled by its own range, or --move-mode in-place): announced JOINING on the target, the
-        open sessions fail over and the old engine is freed before loading. Neither way leaves a
-        gap. A failed load serves the old range again.
-        """
-        beside = self._room_beside(target)
-        self.loading, self.in_place = target, not beside
-        try:
-            await self._announce()
-            await asyncio.sleep(MOVE_CONFIRM_S)
-            view = await self._balancing_view()
-            if not may_move(view, self.peer_id, self.layers, target):
-                logger.info("another peer is leaving layers of %s at the same time: staying there for now",
-                            self.layers)
-                self.loading, self.in_place = None, False
-                await self._announce()
-                return False
-        except Exception:
-            self.loading, self.in_place = None, False
-            await self._announce()  # ONLINE on the old range again at once, not at the next refresh
-            raise
-        if beside:
-            await self._move_beside(target)
-        else:
-            await self._move_in_place(target)
-        return True
-
-    def _room_beside(self, target: LayerRange) -> bool:
-        """Does the device hold `target`'s engine next to the current one?"""
-        cfg = self.config
-        if cfg.move_mode != "auto":
-            return cfg.move_mode == "beside"
-        need = memory_plan(self.model_config, len(target), cfg.quant, DTYPES[cfg.dtype], self.num_pages * cfg.page_size,
-                           cfg.quant_group_size)["total_bytes"]
-        return int(need) <= available_bytes(cfg.device) * HEADROOM
-
-    async def _move_beside(self, target: LayerRange) -> None:
-        # Announced as moving while we load: balancing counts us at the target already (no second
-        # peer moves there), routing still sees the old layers served (no gap while we load).
-        logger.info("moving from layers %s to %s (announced as moving there while loading)", self.layers, target)
-        try:
-            engine, throughput = await self._build_engine(target)
-        except Exception:
-            self.loading = None
-            await self._announce()  # ONLINE on the old range again at once, not at the next refresh
-            raise
-        finally:
-            self.loading = None
-        old, self.moving = self.layers, True
-        await self.handler.fail_all("wrong_layers", f"peer moved from layers {old} to {target}; fail over")
-        await self._install(engine, throughput, target)
-
-    async def _move_in_place(self, target: LayerRange) -> None:
-        old, self.moving = self.layers, True
-        try:
-            why = "--move-mode in-place" if self.config.move_mode == "in-place" else "no memory for both"
-            logger.info("moving from layers %s to %s in place (%s): announced JOINING there, freeing the old "
-                        "layers first", old, target, why)
-            await self.handler.fail_all("wrong_layers", f"peer is moving from layers {old} to {target}; fail over")
-            await self.scheduler.run_exclusive(self._release_engine)
-            try:
-                engine, throughput = await self._build_engine(target)
-            except Exception:
-                logger.exception("loading layers %s failed; loading layers %s again", target, old)
-                engine, throughput = await self._build_engine(old)
-                target = old
-        except Exception:
-            self.state, self.loading, self.in_place = PeerState.OFFLINE, None, False
-            await self._announce()  # nothing is loaded: nobody may route here
-            raise
-        finally:
-            self.loading, self.in_place = None, False
-        await self._install(engine, throughput, target)
-
-    def _release_engine(self) -> None:
-        """(On the compute thread, between batches.) Drop the engine so its memory can be reused."""
-        self.engine, self.handler.page_outputs = None, None
-        gc.collect()
-        if self.config.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-
-    async def _install(self, engine: ServingEngine, throughput: float, target: LayerRange) -> None:
-        """Make `engine` (serving `target`) the current one and announce it ONLINE there."""
-
-        def swap() -> None:  # on the compute thread: no batch is running on the old engine
-            self.engine = engine
-
-        await self.scheduler.run_exclusive(swap)
-        self.layers, self.throughput = target, throughput
-        self.registry.fingerprint = engine.fingerprint  # prefix hashes of the old layers never match again
-        self.registry.window = engine.sliding_window
-        self.handler.page_outputs = engine.page_outputs
-        self.handler.served.layers = target
-        self.moving = False
-        self.migrations += 1
-        if engine.device.type == "cuda":
-            torch.cuda.empty_cache()  # hand the old engine's memory back before the next move
-        await self._announce()
-        logger.info("now serving layers %s", target)
-
     @property
     def peer_id(self) -> str:
         assert self.node is not None
@@ -338,8 +281,9 @@ class PeerServer:
 
     def record(self) -> PeerRecord:
         cfg = self.config
-        # Moving beside (migrate): the old layers stay ONLINE until the swap, the target is
-        # `moving_to`. Moving in place: nothing is served, the target is JOINING.
+        # Moving beside (migrate): the old layers stay ONLINE until the first new one can run, the
+        # target is `moving_to`; then the loaded part is `layers`. Moving in place: nothing is served
+        # until then, the target is JOINING.
         layers, state, moving_to = self.layers, self.state, None
         if self.loading is not None and state is PeerState.ONLINE:
             if self.in_place:
@@ -384,11 +328,24 @@ class PeerServer:
 
     async def _announce(self) -> None:
         record = self.record()
-        ok = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.node.announce(record, self.config.announce_ttl)
-        )
+        self._records_built += 1
+        ok = await asyncio.get_running_loop().run_in_executor(None, self._store_record, record, self._records_built)
         if not ok:
             logger.warning("announcing %s to the DHT failed; will retry", record.state.value)
+
+    def _store_record(self, record: PeerRecord, number: int) -> bool:
+        """(On an executor thread.) Store the `number`-th record built, unless a later one is stored already.
+
+        hivemind keeps the record with the latest expiration, and the expiration is taken when the
+        store starts. Two announcements in flight at once (the refresh loop, a growing move's next
+        range, a stop's OFFLINE: a cancelled await does not stop its executor thread) could store an
+        older state last, and it would stand until the next refresh. One at a time, newest wins.
+        """
+        with self._store_lock:
+            if number < self._record_stored:
+                return True  # superseded: a newer state is in the DHT already
+            self._record_stored = number
+            return self.node.announce(record, self.config.announce_ttl)
 
     async def _announce_loop(self) -> None:
         # Re-announce at a third of the TTL: two lost announcements in a row still leave us visible.

@@ -97,6 +97,12 @@ class SessionRegistry:
         self.counters: Counter[str] = Counter()  # refusals by reason, exported as metrics
         self.prefix_tokens = 0  # new tokens served from shared pages instead of computed
 
+    def use_engine(self, fingerprint: str, window: int | None) -> None:
+        """A new engine, with a new KV cache, serves from now on (after a move; its sessions were
+        closed): prefix pages cached in the old cache hold nothing there, so they are forgotten."""
+        self.prefix.clear()
+        self.fingerprint, self.window = fingerprint, window
+
     def open(
         self,
         session_id: str,

@@ -103,12 +103,17 @@ def quantize_block(block: nn.Module, mode: str, group_size: int = 128) -> None:
 
 
 @torch.no_grad()
-def quantize_shard(shard: nn.Module, mode: str, group_size: int = 128) -> None:
-    """Quantize every block of `shard` in place. mode: 'none' (no-op), 'int8' or 'int4'."""
+def check_quant(mode: str, group_size: int) -> None:
+    """Raise ValueError unless `mode` (and for int4 `group_size`) is one quantize_shard takes."""
     if mode not in QUANT_MODES:
         raise ValueError(f"unknown quantization {mode!r}; choose from {', '.join(QUANT_MODES)}")
     if mode == "int4" and group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"int4 group size must be 32, 64 or 128, not {group_size}")
+
+
+def quantize_shard(shard: nn.Module, mode: str, group_size: int = 128) -> None:
+    """Quantize every block of `shard` in place. mode: 'none' (no-op), 'int8' or 'int4'."""
+    check_quant(mode, group_size)
     if mode == "none":
         return
     for block in shard.blocks:

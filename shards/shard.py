@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -34,6 +35,8 @@ class Shard(nn.Module):
         # Gemma 3's sliding layers rotate with their own base frequency.
         self.local_rotary = Rotary(config, device, local=True) if any(b.local_rope for b in self.blocks) else None
         self.fingerprint = ""
+        # (tensor files, layer -> tensor names), kept by from_pretrained for fingerprint_of.
+        self._fingerprint_inputs: tuple[dict[str, Path], Callable[[int], list[str]]] | None = None
 
     @classmethod
     def from_pretrained(
@@ -44,8 +47,16 @@ class Shard(nn.Module):
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        order: Sequence[int] | None = None,
+        on_layer: Callable[[Shard, int], None] | None = None,
     ) -> Shard:
-        """Load layers [start, end) of the HF safetensors checkpoint at `path`, and nothing else."""
+        """Load layers [start, end) of the HF safetensors checkpoint at `path`, and nothing else.
+
+        `order`: the order to load the layers in (a permutation of start..end-1; default ascending).
+        `on_layer(shard, layer)` is called after each layer is loaded, on the loading thread: a
+        peer serving each layer as it arrives (peer/moves.py) grows its served range there. Until
+        the last call the blocks not yet loaded are on the meta device.
+        """
         path = Path(path)
         config = ModelConfig.from_pretrained(path)
         if not 0 <= start < end <= config.num_layers:
@@ -63,18 +74,34 @@ class Shard(nn.Module):
 
         names = [n for layer in range(start, end) for n in layer_names(layer)]
         require(files, names, path, f"layers {start}:{end}")
-        shard = cls(config, start, end, dtype, torch.device(device))
-        for layer, block in zip(range(start, end), shard.blocks):
+        order = list(range(start, end)) if order is None else list(order)
+        if sorted(order) != list(range(start, end)):
+            raise ValueError(f"load order {order} is not a permutation of layers {start}:{end}")
+        shard = cls(config, start, end, dtype, torch.device(device)).eval()
+        shard._fingerprint_inputs = (files, layer_names)
+        if qformat is not None:
+            shard.quant = qformat.quant
+        for layer in order:
+            block = shard.blocks[layer - start]
             # One layer at a time keeps peak memory near one layer's worth of temporaries.
             if qformat is None:
                 block.load_hf(config, layer, load_tensors(files, layer_names(layer), dtype, device))
             else:  # quantized tensors keep their stored dtypes
                 load_quant_block(block, config, layer, load_tensors(files, layer_names(layer), None, device),
                                  qformat, dtype)
-        if qformat is not None:
-            shard.quant = qformat.quant
-        shard.fingerprint = fingerprint(files, names, extra=f"{config!r}|{start}:{end}")
-        return shard.eval()
+            if on_layer is not None:
+                on_layer(shard, layer)
+        shard.fingerprint = shard.fingerprint_of(start, end)
+        return shard
+
+    def fingerprint_of(self, start: int, end: int) -> str:
+        """The weights fingerprint of layers [start, end) of this shard's checkpoint: what a peer
+        serving exactly that range announces (client/verify.py compares peers of one range)."""
+        if self._fingerprint_inputs is None:
+            raise ValueError("fingerprint_of needs a shard loaded by Shard.from_pretrained")
+        files, layer_names = self._fingerprint_inputs
+        names = [n for layer in range(start, end) for n in layer_names(layer)]
+        return fingerprint(files, names, extra=f"{self.config!r}|{start}:{end}")
 
     @property
     def supports_fused_decode(self) -> bool:

@@ -102,10 +102,18 @@ class PeerRecord:
     standby: bool = False
 
     @property
+    def growing(self) -> bool:
+        """Serving part of its target while the rest loads (`layers` strictly inside `moving_to`): its
+        sessions keep their layers as the range grows, unlike a mover's, which fail over at the swap."""
+        return self.moving_to is not None and self.moving_to.covers(self.layers) and self.moving_to != self.layers
+
+    @property
     def last_resort(self) -> bool:
         """Routes use this peer only where nothing else serves a layer: it is draining or moving (a
-        session opened here must fail over and replay before long), or a standby (slow)."""
-        return self.state is PeerState.DRAINING or self.moving_to is not None or self.standby
+        session opened here must fail over and replay before long; not one growing into its
+        target), or a standby (slow)."""
+        return (self.state is PeerState.DRAINING or (self.moving_to is not None and not self.growing)
+                or self.standby)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

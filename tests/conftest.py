@@ -21,7 +21,7 @@ from tests.fixtures_browser import chromium  # noqa: E402,F401
 from tests.fixtures_models import *  # noqa: E402,F401,F403
 from tests.fixtures_swarm import *  # noqa: E402,F401,F403
 from tests.interop.venv import build_in_background  # noqa: E402
-from tests.swarm_processes import local_swarm  # noqa: E402,F401
+from tests.swarm_processes import local_swarm, log_tails  # noqa: E402,F401
 
 _INTEROP_BUILD = pytest.StashKey[subprocess.Popen]()
 
@@ -31,6 +31,16 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         build = build_in_background()
         if build is not None:
             session.config.stash[_INTEROP_BUILD] = build
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # noqa: ANN201 - a hook wrapper
+    """A failed test that ran a `local_swarm` gets its processes' last log lines in its report."""
+    outcome = yield
+    report = outcome.get_result()
+    swarm = getattr(item, "funcargs", {}).get("local_swarm")
+    if report.when == "call" and report.failed and swarm is not None:
+        report.sections.append(("peer and DHT logs (last lines of each)", log_tails(swarm)))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -110,7 +110,7 @@ def test_sole_server_drains_on_sigterm_mid_generation_and_no_layer_is_ever_uncov
         # moves there) and kept its old layers ONLINE. A tiny model loads in well under a second,
         # so the 0.2 s view poll may miss that record (it did once in a full run): the mover's own
         # log of the move is the evidence here.
-        announced = f"moving from layers {placed} to {gap} (announced as moving there while loading)"
+        announced = f"moving from layers {placed} to {gap} (announced as moving there while loading"
         assert announced in mover.log_text(), f"no move logged (DHT showed {watch.moving}):\n{mover.log_tail()}"
         assert view.uncovered_layers() == []
         assert session.stats.failovers >= 1, "the session never moved off the draining peer"

@@ -326,8 +326,8 @@ def test_bf16_graph_peer_equals_eager_peer(checkpoint: Path, tmp_path: Path) -> 
 
 def test_a_gpu_peer_moves_in_place_and_serves_its_new_layers(checkpoint: Path, reference, tmp_path: Path) -> None:
     """A self-placing GPU peer whose layers another peer also serves moves in place into a gap:
-    it drops its engine before loading the new range, captures new graphs, and tokens through
-    it equal transformers."""
+    it drops its engine before loading the new range, serves each layer as it arrives, captures
+    the new range's graphs, and tokens through it equal transformers."""
     from client import DistributedModel
 
     cuda = ("--device", "cuda", "--dtype", "float32", "--cache-tokens", "4096", "--announce-ttl", "6",
@@ -348,6 +348,8 @@ def test_a_gpu_peer_moves_in_place_and_serves_its_new_layers(checkpoint: Path, r
             time.sleep(1)
         log = mover.log_text()
         assert "in place (--move-mode in-place)" in log and "now serving layers 0:15" in log, mover.log_tail()
+        # It served the gap's layers as they arrived (eagerly), then captured the whole range's graphs.
+        assert "serving each layer as it arrives" in log and "(the rest still loading)" in log, mover.log_tail()
         with DistributedModel.from_pretrained(checkpoint, swarm.initial_peers, model_name="moves", device="cuda",
                                               dtype=torch.float32) as model:
             ids = prompts(1, 16, seed=7)[0]

@@ -1,4 +1,4 @@
-"""Two peers that decide at the same moment to leave one range both step back (real peers, real DHT)."""
+"""Two peers that decide at the same moment to leave one range never both go (real peers, real DHT)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from swarm.types import LayerRange, PeerState
 pytestmark = pytest.mark.slow
 
 
-def test_two_peers_leaving_one_range_at_once_both_stay_then_one_goes(
+def test_two_peers_leaving_one_range_at_once_never_both_go(
     tiny_model_factory, local_swarm: LocalSwarm
 ) -> None:
     model_path: Path = tiny_model_factory("llama", 8)
@@ -35,19 +35,26 @@ def test_two_peers_leaving_one_range_at_once_both_stay_then_one_goes(
             while len((await a.node.fetch_view_async(name, 8)).online()) < 3:
                 assert time.monotonic() < deadline, "the three peers never showed in the view"
                 await asyncio.sleep(0.2)
-            # Each alone may leave 0:4 (the other keeps it), so both decide to, at the same moment:
-            # each announces its move, sees the other's a second later, and stays.
-            assert await asyncio.gather(a.migrate(LayerRange(4, 8)), b.migrate(LayerRange(4, 8))) == [False, False]
+            # Each alone may leave 0:4 (the other keeps it), so both decide to, at the same moment. Each
+            # announces its move, reads the view a second later, and stays if the other is leaving too.
+            # Each store is awaited before the read, so at least one of the two sees the other's: at
+            # most one goes. Usually both see each other and stay; on a loaded machine a slow store
+            # can let the first reader miss the second's, and then that one goes alone.
+            results = await asyncio.gather(a.migrate(LayerRange(4, 8)), b.migrate(LayerRange(4, 8)))
+            assert results != [True, True], "both peers left 0:4 at once"
             view = await a.node.fetch_view_async(name, 8)
-            for server in (a, b):
+            for server, moved in zip((a, b), results):
                 record = view.records[server.peer_id]
-                assert record.layers == LayerRange(0, 4) and record.state is PeerState.ONLINE
-                assert record.moving_to is None  # the step back was announced at once
-            assert view.uncovered_layers() == [] and a.migrations == b.migrations == 0
+                assert record.state is PeerState.ONLINE and record.moving_to is None  # a step back is announced at once
+                assert record.layers == (LayerRange(4, 8) if moved else LayerRange(0, 4))
+            assert view.uncovered_layers() == [] and a.migrations + b.migrations == sum(results)
             # One at a time, the first goes and the second, now 0:4's only server, may not.
-            assert await a.migrate(LayerRange(4, 8)) is True and a.layers == LayerRange(4, 8)
-            assert await b.migrate(LayerRange(4, 8)) is False and b.layers == LayerRange(0, 4)
-            assert (await b.node.fetch_view_async(name, 8)).uncovered_layers() == []
+            if results == [False, False]:
+                assert await a.migrate(LayerRange(4, 8)) is True
+            mover, stayer = (a, b) if a.layers == LayerRange(4, 8) else (b, a)
+            assert mover.layers == LayerRange(4, 8)
+            assert await stayer.migrate(LayerRange(4, 8)) is False and stayer.layers == LayerRange(0, 4)
+            assert (await stayer.node.fetch_view_async(name, 8)).uncovered_layers() == []
         finally:
             await asyncio.gather(a.stop(), b.stop(), return_exceptions=True)
 

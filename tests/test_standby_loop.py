@@ -25,16 +25,16 @@ VIEW = SwarmView("m", 8, {r.peer_id: r for r in (record("solo", "0:4"), record("
                                                   record("sb", "4:8", standby=True))})
 
 
-def run_loop(model: Path, open_sessions: int, monkeypatch: pytest.MonkeyPatch) -> list[LayerRange]:
-    """Run the loop for a few watch periods of 10 ms; the targets it migrated to."""
+def run_loop(model: Path, open_sessions: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[LayerRange, list[int]]]:
+    """Run the loop for a few watch periods of 10 ms; the targets it migrated to, with their load orders."""
     monkeypatch.setattr(balancer, "WATCH_PERIOD_S", 0.01)
-    moves: list[LayerRange] = []
+    moves: list[tuple[LayerRange, list[int]]] = []
 
     async def fetch_view() -> SwarmView:
         return VIEW
 
-    async def migrate(target: LayerRange) -> bool:
-        moves.append(target)
+    async def migrate(target: LayerRange, order: list[int] | None) -> bool:
+        moves.append((target, order))
         return True
 
     placement = Placement(
@@ -53,7 +53,8 @@ def run_loop(model: Path, open_sessions: int, monkeypatch: pytest.MonkeyPatch) -
 
 def test_an_idle_standby_moves_to_the_more_exposed_layers(tiny_model_factory, monkeypatch: pytest.MonkeyPatch) -> None:
     moves = run_loop(tiny_model_factory("llama", 8), open_sessions=0, monkeypatch=monkeypatch)
-    assert moves and set(moves) == {LayerRange(0, 4)}
+    assert moves and {target for target, _ in moves} == {LayerRange(0, 4)}
+    assert all(sorted(order) == [0, 1, 2, 3] for _, order in moves)  # each layer served as it arrives
 
 
 def test_a_standby_serving_sessions_stays_whatever_the_view_says(tiny_model_factory, monkeypatch: pytest.MonkeyPatch) -> None:
