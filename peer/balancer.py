@@ -66,8 +66,8 @@ class Placement:
     visible_maddrs: Callable[[], list[str]]  # what we announce: a standby avoids guarding peers on our machine
     layers: Callable[[], LayerRange | None]
     throughput: Callable[[], float]
-    # (target, load order or None) -> False when it stepped back (see PeerServer.migrate)
-    migrate: Callable[[LayerRange, Sequence[int] | None], Awaitable[bool]]
+    # (target, load order or None, the view it was decided on) -> False when it stepped back (Moves.migrate)
+    migrate: Callable[[LayerRange, Sequence[int] | None, SwarmView | None], Awaitable[bool]]
     open_sessions: Callable[[], int]  # sessions open here now (a standby that has any is in use: it stays)
 
 
@@ -117,7 +117,7 @@ async def balance_loop(placement: Placement) -> None:
                                 target, placement.layers())
             if target is not None:
                 # Gaps and thin layers first, each served as it arrives (routing.move_load_order).
-                if await placement.migrate(target, move_load_order(view, placement.peer_id(), target)):
+                if await placement.migrate(target, move_load_order(view, placement.peer_id(), target), view):
                     last_move = loop.time()
                 else:
                     decided_on = []  # stepped back for a peer leaving the same layers: look again at the next read
@@ -216,7 +216,7 @@ async def standby_loop(placement: Placement) -> None:
                         target, mine)
             # The most exposed layers first, each served as it arrives (routing.standby_load_order).
             await placement.migrate(target, standby_load_order(view, placement.peer_id(), target,
-                                                               machines(view, placement)))
+                                                               machines(view, placement)), view)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -21,7 +21,7 @@ from peer.handler import StreamHandler
 from peer.memory import HEADROOM, available_bytes
 from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
-from routing import may_move
+from routing import gaps_opened_since, may_move
 from shards.config import ModelConfig
 from shards.quant import memory_plan
 from swarm.types import LayerRange, PeerState, SwarmView
@@ -64,13 +64,17 @@ class Moves:
     _balancing_view: Callable[[], Awaitable[SwarmView]]
     _build_engine: Callable[..., Awaitable[tuple[ServingEngine, float]]]
 
-    async def migrate(self, target: LayerRange, order: Sequence[int] | None = None) -> bool:
+    async def migrate(self, target: LayerRange, order: Sequence[int] | None = None,
+                      decided_on: SwarmView | None = None) -> bool:
         """Serve `target` instead of the current range, without dropping a request silently.
 
         The move is announced first, and checked once more MOVE_CONFIRM_S later: routing.plan_move
         moves only a peer whose every layer has another server, but two peers on one range may
         decide to leave it at the same moment; each then sees the other's announcement and stays
         (returns False; the balancer retries at a jittered time, so one of them goes first).
+        With `decided_on` (the view the move was decided on) it also steps back when a layer
+        outside `target` lost its last server since (routing.gaps_opened_since: a crash the
+        crash watch saw meanwhile): gaps come first, and the next read decides for them.
 
         Then the target's layers load in `order` (default: layer order; the balancer passes
         routing.move_load_order, a standby routing.standby_load_order) and each is served as it
@@ -85,10 +89,9 @@ class Moves:
         try:
             await self._announce()
             await asyncio.sleep(MOVE_CONFIRM_S)
-            view = await self._balancing_view()
-            if not may_move(view, self.peer_id, self.layers, target):
-                logger.info("another peer is leaving layers of %s at the same time: staying there for now",
-                            self.layers)
+            why = self._step_back_reason(await self._balancing_view(), target, decided_on)
+            if why is not None:
+                logger.info("%s: staying on layers %s for now", why, self.layers)
                 self.loading, self.in_place = None, False
                 await self._announce()
                 return False
@@ -98,6 +101,16 @@ class Moves:
             raise
         await self._move_growing(target, range(target.start, target.end) if order is None else order, beside)
         return True
+
+    def _step_back_reason(self, view: SwarmView, target: LayerRange, decided_on: SwarmView | None) -> str | None:
+        """Why an announced move to `target` must not go on, read on the confirmation's `view`; None: go."""
+        if not may_move(view, self.peer_id, self.layers, target):
+            return f"another peer is leaving layers of {self.layers} at the same time"
+        opened = [] if decided_on is None else gaps_opened_since(decided_on, view, self.peer_id, target)
+        if opened:
+            return (f"layers {opened[0]}-{opened[-1]} lost their last server since this move was decided "
+                    "(the next read of the swarm decides for them)")
+        return None
 
     async def _move_growing(self, target: LayerRange, order: Sequence[int], beside: bool) -> None:
         """Move to `target` serving each layer as it arrives, in `order` (each prefix one range).

@@ -14,7 +14,7 @@ Only `swarm.types` is imported from the rest of the project.
 - layer_view.py layer_throughput, layer_counts, layer_servers, staying_throughput,
              guarded_layers, balanced_placement: what each layer holds, as balancing, moves and
              drains count it.
-- leaving.py urgent_layers, thin_layers, covered_without, may_move, thin_without, incoming,
+- leaving.py urgent_layers, thin_layers, covered_without, may_move, gaps_opened_since, thin_without, incoming,
              possible_takers, exposes_on_leaving, leaves_safely: when to decide at once (gaps,
              thin layers); when a move may start or go on (a swarm that is down lets a sole
              server shift into the gap); when a draining peer may leave; who reacts a step later.
@@ -60,6 +60,7 @@ from routing.leaving import (
     THIN_SHARE,
     covered_without,
     exposes_on_leaving,
+    gaps_opened_since,
     incoming,
     may_move,
     possible_takers,
@@ -94,6 +95,7 @@ __all__ = [
     "capacity_bound",
     "flow_move",
     "flow_move_gain",
+    "gaps_opened_since",
     "hop_cost",
     "incoming",
     "layer_counts",

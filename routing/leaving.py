@@ -5,6 +5,7 @@ be helped, none thin (thin_layers, thin_without: below THIN_SHARE of the mean la
 urgent_layers are those that make peers decide at once; a draining peer waits for peers that are
 loading onto its layers (incoming) while any could still come (possible_takers); a swarm that is
 down elsewhere lets a sole server shift into the gap (swarm_down, vacates_only_into, may_move);
+a move steps back when a layer lost its last server after it was decided (gaps_opened_since);
 exposes_on_leaving decides who reacts a step later (peer/balancer.py react_delay).
 """
 
@@ -137,6 +138,20 @@ def may_move(view: SwarmView, me: str, current: LayerRange, target: LayerRange) 
         return True
     servers = layer_servers(view, without=me)
     return swarm_down(view, current) and vacates_only_into(current, target, servers)
+
+
+def gaps_opened_since(decided_on: SwarmView, now: SwarmView, me: str, target: LayerRange) -> list[int]:
+    """Layers outside `target` that no ONLINE peer but `me` serves in `now`, though one did in
+    `decided_on`: a server crashed (the crash watch dropped it) between a move's decision and its
+    confirmation. The move was weighed on a swarm that is gone; gaps come first, so it steps back
+    and the peer's next read decides for them. Without this, a flow move decided on a view that
+    still listed a crashed sole server went ahead while another peer, filling the gap, took a
+    window of the move's old layers and left one layer dark (tests/test_balancer.py, seen in CI).
+    """
+    before = layer_servers(decided_on, without=me)
+    after = layer_servers(now, without=me)
+    return [layer for layer, (was, is_) in enumerate(zip(before, after))
+            if is_ == 0 and was > 0 and layer not in target]
 
 
 def possible_takers(view: SwarmView, me: str) -> list[str]:

@@ -13,6 +13,7 @@ from routing import (
     choose_layers,
     choose_window,
     covered_without,
+    gaps_opened_since,
     incoming,
     layer_counts,
     layer_servers,
@@ -116,6 +117,22 @@ def test_a_sole_server_shifts_into_a_gap_only_it_can_fill_while_the_swarm_is_dow
     up = view(30, rec("m", "14:29", 10.0), rec("s", "15:30", 10.0), replace(rec("sb", "0:14", 0.1), standby=True))
     assert not may_move(up, "m", LayerRange(14, 29), LayerRange(0, 15))
     assert should_move(up, "m") is None
+
+
+def test_a_move_steps_back_when_a_layer_lost_its_last_server_after_the_decision() -> None:
+    # CI's sequence (tests/test_balancer.py): b decided a move 10:20 -> 9:19 while the view still
+    # listed v, the crashed sole server of 20:30; by the confirmation the crash watch had dropped v.
+    decided = view(30, rec("f", "0:10"), rec("b", "10:20"), rec("d", "10:20"), rec("v", "20:30"))
+    now = view(30, rec("f", "0:10"), rec("b", "10:20"), rec("d", "10:20"))
+    assert may_move(now, "b", LayerRange(10, 20), LayerRange(9, 19))  # b's own layers stay covered by d ...
+    assert gaps_opened_since(decided, now, "b", LayerRange(9, 19)) == list(range(20, 30))  # ... but 20:30 went dark
+    assert gaps_opened_since(decided, now, "b", LayerRange(20, 30)) == []  # a move that fills them goes on
+    assert gaps_opened_since(now, now, "b", LayerRange(9, 19)) == []  # nothing changed: go
+    # A gap the decision already saw is no reason to step back: the move was weighed with it.
+    assert gaps_opened_since(now, now, "d", LayerRange(0, 10)) == []
+    # Nor is a layer whose last server is the mover itself (may_move judges its own layers).
+    alone = view(30, rec("f", "0:10"), rec("b", "10:20"), rec("v", "20:30"))
+    assert gaps_opened_since(alone, alone, "b", LayerRange(20, 30)) == []
 
 
 def test_a_peer_weighs_only_peers_at_least_its_size() -> None:

@@ -33,7 +33,7 @@ def run_loop(model: Path, open_sessions: int, monkeypatch: pytest.MonkeyPatch) -
     async def fetch_view() -> SwarmView:
         return VIEW
 
-    async def migrate(target: LayerRange, order: list[int] | None) -> bool:
+    async def migrate(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None) -> bool:
         moves.append((target, order))
         return True
 
