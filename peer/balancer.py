@@ -120,7 +120,7 @@ async def balance_loop(placement: Placement) -> None:
                 if await placement.migrate(target, move_load_order(view, placement.peer_id(), target), view):
                     last_move = loop.time()
                 else:
-                    decided_on = []  # stepped back for a peer leaving the same layers: look again at the next read
+                    decided_on = []  # stepped back (a peer leaving the same layers, a gap since): look again at the next read
         except asyncio.CancelledError:
             raise
         except Exception:
