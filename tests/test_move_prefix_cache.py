@@ -18,7 +18,6 @@ import torch
 
 from client.local_swarm import LocalSwarm
 from peer.config import PeerConfig
-from peer.server import PeerServer
 from shards.batch import BatchLayout
 from shards.shard import Shard
 from swarm import messages as m
