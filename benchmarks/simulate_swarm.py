@@ -65,8 +65,9 @@ max-flow sample is 0.
 
 --serve-by-layer: a loading GPU peer (a joiner or a mover) serves each layer as it arrives, as one
 growing range (routing.standby.load_order: layers no GPU peer serves first, then the thinnest),
-instead of nothing until its whole window is there. `--serve-by-layer moves`: movers only, as the
-GPU peer does (peer/moves.py; its joins load the whole window first). From its first
+instead of nothing until its whole window is there: `--serve-by-layer all` is what the GPU peer does
+(peer/moves.py, and its joins since the fifteenth session: peer/server.py _join_growing);
+`--serve-by-layer moves`: movers only, the peer before (its joins loaded the whole window). From its first
 layer on it counts as a staying server of what it has, per layer at its thr (as a loaded peer
 would), and in the max flow at its whole capacity k * thr (a peer spends its compute on whichever
 layers it holds, routing/costs.py). It is still `loading` for every decision that asks: it does not
@@ -171,7 +172,7 @@ class SimConfig:
     # Share of its capacity a GPU peer serving part of its window gets until the whole window is there:
     # the peer decodes those layers eagerly until it captures its CUDA graphs (peer/moves.py).
     growing_share: float = 1.0
-    joins_by_layer: bool = True  # ... joiners too (False: movers only, as the GPU peer does: peer/moves.py)
+    joins_by_layer: bool = True  # ... joiners too, as the GPU peer does (False: movers only, the peer before)
     check_arrays: bool = False  # at every metric sample, compare the incremental arrays with a recount (tests)
 
 
@@ -836,8 +837,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                          "as soon as the others of its size, not a step later (the rule before)")
     ap.add_argument("--serve-by-layer", nargs="?", const="all", choices=("all", "moves"),
                     help="a loading GPU peer serves each layer as it arrives, layers no GPU peer serves first, then the "
-                         "thinnest: joiners and movers (all), or movers only (moves: what the GPU peer does, "
-                         "peer/moves.py; its joins load the whole window first)")
+                         "thinnest: joiners and movers (all: what the GPU peer does), or movers only (moves: the "
+                         "peer before the fifteenth session, whose joins loaded the whole window first)")
     ap.add_argument("--growing-share", type=float, default=1.0,
                     help="with --serve-by-layer, the share of its capacity a GPU peer gets while part of its window "
                          "is loaded: it decodes eagerly until its CUDA graphs are captured (1: as fast as loaded; on the "

@@ -71,9 +71,13 @@ class Placement:
     open_sessions: Callable[[], int]  # sessions open here now (a standby that has any is in use: it stays)
 
 
-async def choose_initial_layers(placement: Placement) -> tuple[LayerRange, list[int] | None]:
-    """The layers to join on, and for a standby the order to load (and serve) them in: the most
-    exposed first (routing.standby_load_order). A GPU peer loads in layer order (None)."""
+async def choose_initial_layers(placement: Placement) -> tuple[LayerRange, list[int]]:
+    """The layers to join on, and the order to load (and serve) them in, each as it arrives: for a
+    standby the most exposed first (routing.standby_load_order), for a GPU peer gaps and thin
+    layers first (routing.move_load_order, as its moves do). A joiner that serves its first layer
+    after one layer's load, not the whole window's, refills the hole it joined for minutes sooner:
+    balancing counts it there from its first announcement, so nobody else comes to help meanwhile
+    (docs/balancing.md, fifteenth session)."""
     cfg = placement.config
     total = placement.model_config.num_layers
     count = cfg.num_layers or layers_that_fit(placement.model_config, DTYPES[cfg.dtype], cfg.device,
@@ -87,7 +91,7 @@ async def choose_initial_layers(placement: Placement) -> tuple[LayerRange, list[
         return layers, standby_load_order(view, placement.peer_id(), layers, machines(view, placement))
     layers = choose_layers(view, min(count, total))
     logger.info("chose layers %s (%d of %d) where the swarm is weakest", layers, len(layers), total)
-    return layers, None
+    return layers, move_load_order(view, placement.peer_id(), layers)
 
 
 async def balance_loop(placement: Placement) -> None:

@@ -179,20 +179,25 @@ class ServingEngine:
         if self.page_outputs is not None:
             self.page_outputs.copy(src, dst)
 
-    def measure_throughput(self, steps: int = 8) -> float:
+    def measure_throughput(self, steps: int = 8, pages: Sequence[int] | None = None) -> float:
         """Decode tokens per second of one sequence through every served layer (`served`), on the serving path.
 
-        Uses the engine's own cache pages 0..k (the pool is still empty at start-up and after a move)
-        and `run_batch`, so a CUDA peer announces its graph speed, not its eager speed.
+        Uses cache pages 0..k (the pool is still empty at start-up and after a move), or `pages`
+        (measure_pages(steps) of them, taken from the pool like a session's: a growing join measures
+        its graphs while sessions hold pages), and `run_batch`, so a CUDA peer announces its graph
+        speed, not its eager speed. The batch counters `info` reports are left as they were.
         """
         ps = self.page_size
-        # A short context (shorter still in a tiny pool): decode cost is mostly the weights.
-        context = min(THROUGHPUT_CONTEXT, self.cache.num_pages * ps - steps - 1)
+        context = self._throughput_context(steps)
         if context < 1:
             return 0.0  # a pool too small to measure in; routing treats 0 as unknown
-        table = list(range(-(-(context + steps + 1) // ps)))
+        needed = self.measure_pages(steps)
+        table = list(range(needed)) if pages is None else list(pages)[:needed]
+        if len(table) < needed:
+            raise ValueError(f"measuring takes {needed} cache pages, got {len(table)}")
         span = (self.served.start, self.served.end)
         hidden = self.shard.config.hidden_size
+        counters = self.steps.copy()
         prompt = torch.randn(context, hidden, dtype=self.shard.dtype)  # (T, H)
         self.run_batch(prompt, BatchLayout([context], [0], [table], ps), span, True)
         timings = []
@@ -202,5 +207,13 @@ class ServingEngine:
             started = time.perf_counter()
             self.run_batch(token, layout, span, True)  # returns on the host: includes the device sync
             timings.append(time.perf_counter() - started)
-        self.steps.clear()
+        self.steps = counters
         return 1.0 / max(statistics.median(timings[1:]), 1e-6)
+
+    def measure_pages(self, steps: int = 8) -> int:
+        """Cache pages measure_throughput(steps) writes."""
+        return max(0, -(-(self._throughput_context(steps) + steps + 1) // self.page_size))
+
+    def _throughput_context(self, steps: int) -> int:
+        # A short context (shorter still in a tiny pool): decode cost is mostly the weights.
+        return min(THROUGHPUT_CONTEXT, self.cache.num_pages * self.page_size - steps - 1)

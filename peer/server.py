@@ -103,11 +103,11 @@ class PeerServer(Moves):
             ),
         )
         self.p2p = await self.node.replicate_p2p()
-        order = None  # a standby's load order: it then serves each layer as it arrives
+        order = None  # a self-placing peer's load order: it then serves each layer as it arrives
         if self.layers is None:
             self.layers, order = await choose_initial_layers(self._placement())
         self.num_pages = self._pool_pages(self.layers)
-        if order is not None and not self._captures_graphs():
+        if order is not None:
             await self._join_growing(self.layers, order)
         else:
             self.engine, self.throughput = await self._build_engine(self.layers)
@@ -123,9 +123,6 @@ class PeerServer(Moves):
                 # peer must not wait for one.
                 threading.Thread(target=prefetch_in_background, args=(cfg.model_repo, cfg.revision),
                                  name="prefetch", daemon=True).start()
-
-    def _captures_graphs(self) -> bool:
-        return self.config.cuda_graphs and self.config.device.startswith("cuda")
 
     async def _start_serving(self) -> None:
         """The page pool, sessions, scheduler and stream handler, around `self.engine` (None while a
@@ -160,8 +157,8 @@ class PeerServer(Moves):
         ]
 
     async def _join_growing(self, target: LayerRange, order: Sequence[int]) -> None:
-        """A standby's join: announced JOINING on `target`, it serves each layer as it arrives (as
-        Moves._move_growing does), refusing sessions until the first one can run."""
+        """A self-placing peer's join: announced JOINING on `target`, it serves each layer as it
+        arrives (as Moves._move_growing does), refusing sessions until the first one can run."""
         self.loading, self.in_place, self.moving = target, True, True
         await self._start_serving()
         await self._announce()
@@ -177,7 +174,28 @@ class PeerServer(Moves):
             engine, throughput = await self._build_engine(target, order, grew)
         finally:
             self.loading, self.in_place = None, False
+        if engine.graphs is not None:
+            throughput = await self._graph_throughput(engine, throughput)
         await self._install(engine, throughput, target, moved=False)
+
+    async def _graph_throughput(self, engine: ServingEngine, eager: float) -> float:
+        """A growing join's speed once its decode graphs are captured. The `eager` one, measured on
+        its first layer, is several times too low for a GPU (launch-bound: about 1/8 of graphs for
+        7B-sized layers, docs/performance.md), and unlike a move it has no earlier range to take its
+        speed from. Its sessions may hold pages 0..k by now, so the measurement takes its pages from
+        the pool as a session does, and runs between batches."""
+        pages = self.pool.allocate(engine.measure_pages())
+        if pages is None:
+            logger.warning("no free cache pages to measure the CUDA graphs' speed on; announcing the eager "
+                           "speed of the first layer (%.1f tokens/s) until the next move", eager)
+            return eager
+        try:
+            throughput = await self.scheduler.run_exclusive(lambda: engine.measure_throughput(pages=pages))
+        finally:
+            self.pool.free(pages)
+        logger.info("throughput on CUDA graphs: %.1f tokens/s through %d layers (%.1f eagerly)",
+                    throughput, len(engine.served), eager)
+        return throughput
 
     def _placement(self) -> Placement:
         """What the balancer may read and do: the few callables it needs, not the server."""

@@ -5,6 +5,7 @@ The CUDA-graph path of the same engine is tested on a GPU in tests/test_gpu_serv
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from peer.engine import ServingEngine
@@ -50,6 +51,22 @@ def test_throughput_is_measured_on_the_serving_path(tiny_model) -> None:
     assert tiny_pool.measure_throughput() > 0  # a shorter context that fits the pool
     too_small = ServingEngine(Shard.from_pretrained(tiny_model, 0, 4), num_pages=2, page_size=4, max_length=8)
     assert too_small.measure_throughput() == 0.0
+
+
+def test_a_measurement_on_given_pages_leaves_every_other_page_and_the_counters_alone(tiny_model) -> None:
+    """A growing join measures its graphs while sessions hold pages (peer/server.py _graph_throughput)."""
+    engine = ServingEngine(Shard.from_pretrained(tiny_model, 0, 4), num_pages=24, page_size=4, max_length=64)
+    needed = engine.measure_pages()
+    assert needed == -(-(32 + 8 + 1) // 4)  # THROUGHPUT_CONTEXT tokens, 8 decode steps and one more
+    prefill = BatchLayout([8], [0], [[0, 1]], 4)  # a session's pages 0 and 1
+    engine.run_batch(torch.randn(8, 64), prefill, (0, 4), True)
+    held = [(k[:2].clone(), v[:2].clone()) for k, v in zip(engine.cache.k, engine.cache.v)]
+    assert engine.measure_throughput(pages=range(2, 2 + needed)) > 0
+    assert all(torch.equal(k[:2], hk) and torch.equal(v[:2], hv)
+               for (k, v), (hk, hv) in zip(zip(engine.cache.k, engine.cache.v), held))
+    assert engine.steps == {"eager": 1}  # the session's batch, not the measurement's
+    with pytest.raises(ValueError, match="cache pages"):
+        engine.measure_throughput(pages=[2, 3])
 
 
 def test_no_prefix_sharing_with_length_dependent_rope(tiny_model_factory) -> None:

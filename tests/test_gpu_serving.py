@@ -17,6 +17,7 @@ with transformers: the real weights are not available where the GPU runs.
 from __future__ import annotations
 
 import gc
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -339,14 +340,21 @@ def test_a_gpu_peer_moves_in_place_and_serves_its_new_layers(checkpoint: Path, r
         mover = swarm.start_peer(checkpoint, None, "--num-layers", "15", "--balance-period", "3", "--move-mode",
                                  "in-place", *cuda, wait=False)
         swarm.wait_online(mover, PEER_START_TIMEOUT)
-        assert "chose layers 15:30" in mover.log_text()
+        joined = mover.log_text()
+        assert "chose layers 15:30" in joined
+        # Its join grew too (a layer at a time), then measured the whole range on its CUDA graphs:
+        # the first layer's eager speed over 15 layers is launch-bound, far below it.
+        assert "(the rest still loading)" in joined and "joined: serving layers 15:30" in joined, mover.log_tail()
+        speeds = re.search(r"throughput on CUDA graphs: ([\d.]+) tokens/s through 15 layers \(([\d.]+) eagerly\)",
+                           joined)
+        assert speeds and float(speeds[1]) > float(speeds[2]), mover.log_tail()
         second = swarm.start_peer(checkpoint, "15:30", *cuda, wait=False)
         swarm.wait_online(second, PEER_START_TIMEOUT)
         first.kill()  # 0:15 loses its only server; the mover's layers keep `second`
         deadline = time.monotonic() + 180
         while "now serving layers 0:15" not in mover.log_text() and time.monotonic() < deadline:
             time.sleep(1)
-        log = mover.log_text()
+        log = mover.log_text()[len(joined):]
         assert "in place (--move-mode in-place)" in log and "now serving layers 0:15" in log, mover.log_tail()
         # It served the gap's layers as they arrived (eagerly), then captured the whole range's graphs.
         assert "serving each layer as it arrives" in log and "(the rest still loading)" in log, mover.log_tail()

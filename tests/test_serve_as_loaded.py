@@ -190,6 +190,40 @@ def test_a_standby_joins_serving_each_layer_as_it_arrives(tiny_model_factory, lo
     asyncio.run(scenario())
 
 
+def test_a_self_placing_peer_joins_serving_each_layer_as_it_arrives_gaps_first(
+        tiny_model_factory, local_swarm: LocalSwarm) -> None:
+    """A GPU peer's join grows as its moves do (peer/balancer.py choose_initial_layers passes
+    routing.move_load_order): layers nobody serves come first, each served as it arrives."""
+    model: Path = tiny_model_factory("llama", 8)
+    name = model.resolve().name
+    local_swarm.start_dht()
+    local_swarm.start_peer(model, "0:4")  # 4:8 dark: a 6-layer joiner takes 2:8 and loads 4:8 first
+
+    async def nothing(served: LayerRange) -> None:
+        return None
+
+    async def scenario() -> None:
+        config = PeerConfig(model, None, name, initial_peers=tuple(local_swarm.initial_peers), num_layers=6)
+        server = RecordingPeer(config, nothing)
+        async with started(server, local_swarm) as (_, p2p):
+            target = server.layers
+            assert target == LayerRange(2, 8)
+            first = server.announced[0]
+            assert first.state is PeerState.JOINING and first.layers == target and not first.standby
+            partial = [r for r in server.announced if r.moving_to == target]
+            assert [len(r.layers) for r in partial] == [1, 2, 3, 4, 5]
+            assert all(r.state is PeerState.ONLINE and target.covers(r.layers) for r in partial)
+            assert LayerRange(4, 8).covers(partial[3].layers), "a served layer loaded before a gap"
+            final = server.announced[-1]
+            assert final.layers == target and final.moving_to is None and final.state is PeerState.ONLINE
+            assert server.migrations == 0 and server.throughput > 0
+            whole = Reference(model, await open_session(p2p, server.peer_id), target.start, target.end)
+            await whole.check(4)
+            await whole.check(1)
+
+    asyncio.run(scenario())
+
+
 def test_a_cancelled_growing_move_serves_what_has_arrived_and_grows_no_further(
     tiny_model_factory, local_swarm: LocalSwarm
 ) -> None:
