@@ -1,7 +1,8 @@
 """The peer process: serves a contiguous range of a model's layers to the swarm.
 
 - `config.py`: `PeerConfig`, `ServingLimits` (what a peer is told at start; no I/O).
-- `server.py`: `PeerServer`, the process's life: join DHT, build the engine, announce, stop cleanly.
+- `server.py`: `PeerServer`, the process's life: join DHT, build the engine (a self-placing peer's
+  growing as its layers arrive), announce, stop cleanly.
 - `moves.py`: `Moves` (a mixin of `PeerServer`): `migrate` to another range, beside or in place,
   serving each layer as it arrives.
 - `engine.py`: `ServingEngine`, the served model state (shard, KV cache, page outputs, CUDA graphs)
