@@ -159,33 +159,42 @@ def test_a_load_order_that_does_not_grow_one_range_is_refused(tiny_model_factory
                            on_grow=lambda engine, served: None)
 
 
+async def no_check(served: LayerRange) -> None:
+    return None
+
+
+async def check_growing_join(server: RecordingPeer, model: Path, p2p: Any, standby: bool) -> list[PeerRecord]:
+    """What every growing join must show: JOINING on its window, then ONLINE on one range inside it
+    that grows by a layer per announcement at either end, then ONLINE on the whole window (a join,
+    not a move); a session through the whole window equals local shards. Returns the partial records."""
+    target = server.layers
+    assert target is not None
+    first = server.announced[0]
+    assert first.state is PeerState.JOINING and first.layers == target and first.standby == standby
+    partial = [r for r in server.announced if r.moving_to == target]
+    assert [len(r.layers) for r in partial] == list(range(1, len(target)))
+    assert all(r.state is PeerState.ONLINE and target.covers(r.layers) for r in partial)
+    assert all(b.layers.covers(a.layers) for a, b in zip(partial, partial[1:]))  # one range, growing at either end
+    final = server.announced[-1]
+    assert final.layers == target and final.moving_to is None and final.state is PeerState.ONLINE
+    assert server.migrations == 0  # a join, not a move
+    whole = Reference(model, await open_session(p2p, server.peer_id), target.start, target.end)
+    await whole.check(4)
+    await whole.check(1)
+    return partial
+
+
 def test_a_standby_joins_serving_each_layer_as_it_arrives(tiny_model_factory, local_swarm: LocalSwarm) -> None:
     model = served_by_one_peer(tiny_model_factory, local_swarm)  # each layer one crash from dark
     name = model.resolve().name
 
-    async def nothing(served: LayerRange) -> None:
-        return None
-
     async def scenario() -> None:
         config = PeerConfig(model, None, name, initial_peers=tuple(local_swarm.initial_peers), standby=True,
                             num_layers=4)
-        server = RecordingPeer(config, nothing)
+        server = RecordingPeer(config, no_check)
         async with started(server, local_swarm) as (_, p2p):
-            target = server.layers
-            assert target is not None and len(target) == 4
-            first = server.announced[0]
-            assert first.state is PeerState.JOINING and first.layers == target and first.standby
-            partial = [r for r in server.announced if r.moving_to == target]
-            assert [len(r.layers) for r in partial] == [1, 2, 3]
-            assert all(r.state is PeerState.ONLINE and target.covers(r.layers) for r in partial)
-            assert all(a.layers.start <= b.layers.start and b.layers.end >= a.layers.end
-                       for a, b in zip(partial, partial[1:]))  # one range, growing at either end
-            final = server.announced[-1]
-            assert final.layers == target and final.moving_to is None and final.state is PeerState.ONLINE
-            assert server.migrations == 0  # a join, not a move
-            whole = Reference(model, await open_session(p2p, server.peer_id), target.start, target.end)
-            await whole.check(4)
-            await whole.check(1)
+            assert server.layers is not None and len(server.layers) == 4
+            await check_growing_join(server, model, p2p, standby=True)
 
     asyncio.run(scenario())
 
@@ -199,27 +208,14 @@ def test_a_self_placing_peer_joins_serving_each_layer_as_it_arrives_gaps_first(
     local_swarm.start_dht()
     local_swarm.start_peer(model, "0:4")  # 4:8 dark: a 6-layer joiner takes 2:8 and loads 4:8 first
 
-    async def nothing(served: LayerRange) -> None:
-        return None
-
     async def scenario() -> None:
         config = PeerConfig(model, None, name, initial_peers=tuple(local_swarm.initial_peers), num_layers=6)
-        server = RecordingPeer(config, nothing)
+        server = RecordingPeer(config, no_check)
         async with started(server, local_swarm) as (_, p2p):
-            target = server.layers
-            assert target == LayerRange(2, 8)
-            first = server.announced[0]
-            assert first.state is PeerState.JOINING and first.layers == target and not first.standby
-            partial = [r for r in server.announced if r.moving_to == target]
-            assert [len(r.layers) for r in partial] == [1, 2, 3, 4, 5]
-            assert all(r.state is PeerState.ONLINE and target.covers(r.layers) for r in partial)
+            assert server.layers == LayerRange(2, 8)
+            partial = await check_growing_join(server, model, p2p, standby=False)
             assert LayerRange(4, 8).covers(partial[3].layers), "a served layer loaded before a gap"
-            final = server.announced[-1]
-            assert final.layers == target and final.moving_to is None and final.state is PeerState.ONLINE
-            assert server.migrations == 0 and server.throughput > 0
-            whole = Reference(model, await open_session(p2p, server.peer_id), target.start, target.end)
-            await whole.check(4)
-            await whole.check(1)
+            assert server.throughput > 0
 
     asyncio.run(scenario())
 
