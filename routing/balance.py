@@ -86,6 +86,7 @@ _NOT_A_GAP = 1e-12
 def choose_window(
     throughput: Sequence[float], num_layers: int, servers: Sequence[int] | None = None,
     discount: float = SOLE_DISCOUNT, bottleneck: int | None = None, guarded: Sequence[bool] | None = None,
+    gap_end_first: bool = False,
 ) -> LayerRange:
     """The window of `num_layers` consecutive layers that most needs another server.
 
@@ -96,7 +97,9 @@ def choose_window(
     a sole-served layer at `discount` unless `guarded`) instead of throughput. With `bottleneck`
     (a layer, see routing.flow.bottleneck_layer), no gap, and no unguarded layer with one server
     in the weakest window: the window holding that layer with the lowest total. Runs in
-    O(layers) with C-speed builtins on the common path.
+    O(layers) with C-speed builtins on the common path. `gap_end_first` (with `servers`): a dark
+    run of k+1 to 2k-1 layers that ends at the model's end is taken from its end (plan_move's
+    swarm_down case, see _cover_most_gaps).
     """
     if servers is not None:
         throughput = strengths(throughput, servers, discount, guarded)
@@ -111,7 +114,8 @@ def choose_window(
     if servers is not None and 0 in servers:
         # Real gaps (nobody at all) come before layers only smaller peers hold (tiered
         # throughput 0, see layer_throughput's min_layers).
-        return _cover_most_gaps([0.0 if n == 0 else max(v, _NOT_A_GAP) for v, n in zip(throughput, servers)], k)
+        return _cover_most_gaps([0.0 if n == 0 else max(v, _NOT_A_GAP) for v, n in zip(throughput, servers)], k,
+                                end_first=gap_end_first)
     lowest = min(throughput)
     if lowest <= 0 and servers is None:
         return _cover_most_gaps(throughput, k)
@@ -194,7 +198,12 @@ def plan_move(
     """
     if not 0 < quality <= 1:
         raise ValueError(f"quality must be in (0, 1], got {quality}")
-    target = choose_window(others, len(current), others_counted, discount, guarded=guarded)
+    # While the swarm is down, a sole server may shift into a gap only with every layer it alone
+    # serves (below). From the end of a dark run that reaches the model's end, the layers it would
+    # leave dark stay reachable by the peer below (choose_window's gap_end_first); a candidate that
+    # does not hold this peer's lone layers then keeps it in place, and that peer comes instead.
+    target = choose_window(others, len(current), others_counted, discount, guarded=guarded,
+                           gap_end_first=swarm_down)
     if target == current:
         return None
     if not leaves_safely(current, others_online, others_staying, thin_limit) and not (
@@ -276,8 +285,11 @@ def should_move(
     )
 
 
-def _cover_most_gaps(throughput: Sequence[float], k: int) -> LayerRange:
+def _cover_most_gaps(throughput: Sequence[float], k: int, end_first: bool = False) -> LayerRange:
     """Windows ranked by (most uncovered layers, lowest total throughput, lowest start).
+
+    `end_first`: a dark run of k+1 to 2k-1 layers at the model's end (not its start) is taken
+    from its end.
 
     Only windows touching an uncovered layer can win, so just those are scored, each with
     C-speed slice builtins: a handful of gaps in a 50,000-layer model costs microseconds.
@@ -291,6 +303,12 @@ def _cover_most_gaps(throughput: Sequence[float], k: int) -> LayerRange:
     while 0 <= position <= total - k:
         window = throughput[position : position + k]
         if window.count(0.0) == k:
+            if end_first and 0 < position and total - position < 2 * k and throughput[position:].count(0.0) == total - position:
+                # Take the end of a dark run of k+1 to 2k-1 layers at the model's end: what is left
+                # dark (< k layers) is then interior, where the peer below can shift up into it. From
+                # the lowest window it would be the model's last layers, which only a second move of
+                # this very peer could reach (a real swarm sat one layer short, tests/test_balancer.py).
+                return LayerRange(total - k, total)
             return LayerRange(position, position + k)
         served = max(i for i, value in enumerate(window) if value != 0.0)
         position = _index(throughput, 0.0, position + served + 1)

@@ -119,6 +119,22 @@ def test_a_sole_server_shifts_into_a_gap_only_it_can_fill_while_the_swarm_is_dow
     assert should_move(up, "m") is None
 
 
+def test_a_gap_at_the_models_end_is_left_to_the_peer_that_closes_it_in_one_move() -> None:
+    # A real swarm's sequence (tests/test_balancer.py, 1 run of 8 under load): b moved 10:20 -> 9:19
+    # before v, the sole server of 20:30, crashed. d, now the only server of layer 19, sees 19:30
+    # dark. Taking 19:29 (the lowest window) left layer 29 dark, which only a second move of d
+    # itself could reach, and it is then the only server of 19:29: the swarm stayed down. From the
+    # end of the run d's candidate 20:30 would leave its own layer 19 dark, so d stays, and b,
+    # whose layers f and d keep covered, takes 20:30 in one move.
+    down = view(30, rec("f", "0:10"), rec("b", "9:19"), rec("d", "10:20"))
+    assert should_move(down, "d") is None
+    assert should_move(down, "b") == LayerRange(20, 30)
+    after = view(30, rec("f", "0:10"), rec("b", "20:30"), rec("d", "10:20"))
+    assert after.uncovered_layers() == []
+    # A gap reaching the model's start, or a swarm that is not down, still takes the lowest window.
+    assert should_move(view(30, rec("d", "10:20"), rec("e", "10:20"), rec("g", "20:30")), "d") == LayerRange(0, 10)
+
+
 def test_a_move_steps_back_when_a_layer_lost_its_last_server_after_the_decision() -> None:
     # CI's sequence (tests/test_balancer.py): b decided a move 10:20 -> 9:19 while the view still
     # listed v, the crashed sole server of 20:30; by the confirmation the crash watch had dropped v.
