@@ -131,8 +131,14 @@ def test_a_gap_at_the_models_end_is_left_to_the_peer_that_closes_it_in_one_move(
     assert should_move(down, "b") == LayerRange(20, 30)
     after = view(30, rec("f", "0:10"), rec("b", "20:30"), rec("d", "10:20"))
     assert after.uncovered_layers() == []
-    # A gap reaching the model's start, or a swarm that is not down, still takes the lowest window.
+    # A gap at the model's start still takes the lowest window.
     assert should_move(view(30, rec("d", "10:20"), rec("e", "10:20"), rec("g", "20:30")), "d") == LayerRange(0, 10)
+    # Only while the swarm is down (plan_move's swarm_down), and only for runs of k+1 to 2k-1 layers:
+    # a longer run (an empty swarm filling up) keeps the lowest window.
+    throughput, servers = [1.0] * 19 + [0.0] * 11, [1] * 19 + [0] * 11
+    assert choose_window(throughput, 10, servers) == LayerRange(19, 29)
+    assert choose_window(throughput, 10, servers, gap_end_first=True) == LayerRange(20, 30)
+    assert choose_window([1.0] * 10 + [0.0] * 20, 10, [1] * 10 + [0] * 20, gap_end_first=True) == LayerRange(10, 20)
 
 
 def test_a_move_steps_back_when_a_layer_lost_its_last_server_after_the_decision() -> None:
