@@ -37,6 +37,7 @@ TARGET_TOK_S = {("none", 32): 4000}
 
 @torch.no_grad()
 def random_shard(config: ModelConfig, seed: int) -> Shard:
+    """All of `config`'s layers in bf16 on the GPU, with seeded random weights drawn there."""
     shard = Shard(config, 0, config.num_layers, torch.bfloat16, torch.device("cuda"))
     shard.blocks.to_empty(device="cuda").to(torch.bfloat16)
     torch.manual_seed(seed)

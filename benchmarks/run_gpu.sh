@@ -3,11 +3,11 @@
 # and transformers (e.g. the lent H200). Wheels of what it lacks (hivemind and friends: see
 # ../shared/gpu/fetch-wheels.sh) may sit in .whl/; they are installed into /tmp/site first.
 #
-#   bash benchmarks/run_gpu.sh [tests] [bench-kernels] [bench-swarm SETUPS] [breakdown] [bench-quant]
+#   bash benchmarks/run_gpu.sh [tests] [bench-kernels] [bench-swarm SETUPS] [breakdown] [bench-quant] [bench-growing]
 #
 # bench-swarm and breakdown share one random Llama-2-7B-shaped checkpoint ($CKPT, written once).
 # Everything is written under $OUT (default benchmarks/results/gpu): test log, benchmark logs, JSON.
-# Each step has a time limit in seconds (T_TESTS, T_KERNELS, T_SWARM, T_BREAKDOWN, T_QUANT) so one call fits a lease;
+# Each step has a time limit in seconds (T_TESTS, T_KERNELS, T_SWARM, T_BREAKDOWN, T_QUANT, T_GROWING) so one call fits a lease;
 # TEST_FILES picks the test files of the `tests` step (default: every GPU test file).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +43,8 @@ while [ $# -gt 0 ]; do
         | tee "$OUT/bench_step_breakdown.log" | tail -14 ;;
     bench-quant)
       timeout "${T_QUANT:-300}" python3 benchmarks/bench_quant_kernels.py ${QUANT_ARGS:-} 2>&1 | tee "$OUT/bench_quant.log" | tail -40 ;;
+    bench-growing)
+      timeout "${T_GROWING:-240}" python3 benchmarks/bench_growing.py 2>&1 | tee "$OUT/bench_growing.log" | tail -12 ;;
     *) echo "unknown step $1" >&2; exit 2 ;;
   esac
   shift

@@ -11,6 +11,10 @@ new engine for the new range and swaps it in one assignment; nothing else holds 
   bucket of sequences) on CUDA replays a captured graph (`shards.cuda_graphs.DecodeGraphs`):
   the step's hidden rows and one packed int32 block of positions/slots/lengths/page tables are
   copied into fixed device buffers and the graph of the smallest bucket that fits is replayed;
+- while layers still arrive (`load`'s on_grow), such a batch over loaded layers replays their
+  per-layer graphs as a chain (`shards.cuda_graphs.LayerGraphs`, `chain`), on the compute thread:
+  each layer's graphs are captured as it arrives, so a growing peer serves near its graph speed,
+  not at the launch-bound eager speed (1/8-1/4 of it on an H200);
 - anything else (prefill chunks, mixed batches, a layer sub-range, stateless forwards, CPU) runs
   `Shard.forward` eagerly.
 Outputs go back to the host in the wire dtype through a pinned staging buffer, so the step costs
@@ -29,7 +33,7 @@ import torch
 
 from peer.page_outputs import PageOutputs
 from shards.batch import BatchLayout
-from shards.cuda_graphs import DecodeGraphs
+from shards.cuda_graphs import DecodeGraphs, LayerGraphs
 from shards.quant import check_quant, quantize_block, quantize_shard
 from shards.shard import Shard
 from swarm.types import LayerRange
@@ -53,21 +57,27 @@ class ServingEngine:
             PageOutputs(num_pages, page_size, shard.config.hidden_size, shard.dtype) if shard.prefix_sharing_safe
             else None
         )
-        self.steps: Counter[str] = Counter()  # batches run, by path ("graph" / "eager"), for `info`
+        self.steps: Counter[str] = Counter()  # batches run, by path ("graph" / "chain" / "eager"), for `info`
         self.graphs: DecodeGraphs | None = self._captured_graphs(max_length) if graphs else None
+        self.chain: LayerGraphs | None = None  # per-layer graphs while a growing load runs (load's on_grow)
         self._staging: torch.Tensor | None = None  # pinned host buffer for outputs (CUDA only)
+
+    def _graphable(self) -> bool:
+        """Can decode steps of this shard be captured (CUDA, a family decode_forward computes)?"""
+        if self.shard.device.type != "cuda":
+            return False
+        if not self.shard.supports_fused_decode:
+            logger.info("decode graphs are not available for this model family; decoding eagerly")
+            return False
+        return True
 
     def _captured_graphs(self, max_length: int) -> DecodeGraphs | None:
         """Decode graphs of the whole shard, captured (None off CUDA or for families without them).
         Capture writes no KV (every row is padding) and is thread-local, so batches of this engine
-        may run on another thread meanwhile (a growing engine's partial range, eagerly)."""
-        shard = self.shard
-        if shard.device.type != "cuda":
+        may run on another thread meanwhile (a growing engine's partial range, on its chain)."""
+        if not self._graphable():
             return None
-        if not shard.supports_fused_decode:
-            logger.info("decode graphs are not available for this model family; decoding eagerly")
-            return None
-        graphs = DecodeGraphs(shard, self.cache, max_pages_per_seq=-(-max_length // self.page_size))
+        graphs = DecodeGraphs(self.shard, self.cache, max_pages_per_seq=-(-max_length // self.page_size))
         started = time.perf_counter()
         graphs.capture()
         logger.info("captured decode graphs for batch sizes %s in %.1f s", ",".join(map(str, graphs.buckets)),
@@ -96,9 +106,10 @@ class ServingEngine:
         With `on_grow` the engine serves each layer as it arrives: the layers load in `order` (each
         prefix of it one contiguous range, routing.load_order), the engine and its whole cache are
         made after the first, and `on_grow(engine, served)` is called after each, on this thread,
-        once `served` (the loaded range) can be run. The partial ranges run eagerly; with `graphs`
-        the whole range's decode graphs are captured once the last layer is there, while the
-        engine serves on (`replays` turns true when they are set).
+        once `served` (the loaded range) can be run. With `graphs` each layer's own decode graphs
+        are captured before it is served (`chain`: a partial range replays them one after another),
+        and the whole range's once the last layer is there, while the engine serves on (`replays`
+        turns true when they are set; the chain is dropped then).
         """
         if on_grow is None:
             shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=device)
@@ -118,8 +129,15 @@ class ServingEngine:
             shard.fingerprint = shard.fingerprint_of(served.start, served.end)
             if not grown:
                 grown.append(cls(shard, num_pages, page_size, max_length, graphs=False))
-            grown[0].served = served
-            on_grow(grown[0], served)
+                if graphs and grown[0]._graphable():
+                    grown[0].chain = LayerGraphs(shard, grown[0].cache, -(-max_length // page_size))
+            engine = grown[0]
+            if engine.chain is not None:
+                started = time.perf_counter()
+                engine.chain.add(layer)
+                logger.debug("captured layer %d's decode graphs in %.2f s", layer, time.perf_counter() - started)
+            engine.served = served
+            on_grow(engine, served)
 
         shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=device, order=order,
                                       on_layer=arrived)
@@ -128,6 +146,7 @@ class ServingEngine:
         engine = grown[0]
         if graphs:
             engine.graphs = engine._captured_graphs(max_length)  # one assignment: batches see all or nothing
+            engine.chain = None  # a batch replaying it holds its own reference; its memory goes with the last
         return engine
 
     @property
@@ -151,9 +170,13 @@ class ServingEngine:
 
     def run_batch(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int], stateful: bool) -> torch.Tensor:
         """hidden (N, H) on the host -> (N, H) on the host, in the shard's dtype."""
+        chain = self.chain
         if self.replays(hidden, layout, layers, stateful):
             self.steps["graph"] += 1
             out = self.graphs.run(hidden, layout, layers)
+        elif stateful and chain is not None and chain.can_run(hidden, layout, layers):
+            self.steps["chain"] += 1
+            out = chain.run(hidden, layout, layers)
         else:
             self.steps["eager"] += 1
             out = self.shard.forward(hidden.to(self.device, non_blocking=True), layout,

@@ -117,8 +117,9 @@ class Moves:
 
         A standby moves to layers one crash from dark: a layer it serves after one layer's load guards
         it a whole window's load sooner (docs/balancing.md: the exposed layers halve in the simulator).
-        A GPU peer moves to gaps or thin layers: each serves, eagerly, a whole load sooner, and its
-        decode graphs are captured once all are there (docs/balancing.md, eleventh session).
+        A GPU peer moves to gaps or thin layers: each serves a whole load sooner (docs/balancing.md,
+        eleventh session), on its own decode graphs captured as it arrives (ServingEngine.load's
+        chain), and the whole range's graphs are captured once all are there.
         Beside (memory holds both), the old range serves on until the first new layer can run; in
         place, it is freed first. From the first layer on, the record announces the loaded range
         ONLINE with `moving_to` the target: clients route to the layers served, balancing counts
@@ -168,8 +169,9 @@ class Moves:
             halted.set()
             self.loading, self.in_place = None, False
         if engine.graphs is not None and target != old:
-            # Measured on the first layer, eagerly: the graphs are faster. The old range's speed was
-            # measured on graphs of the same device, and a layer's cost does not depend on where it is.
+            # Measured on the first layer alone, which bears a whole step's fixed costs: too low over k
+            # layers. The old range's speed was measured on its whole graphs, on the same device, and a
+            # layer's cost does not depend on where it is.
             throughput = old_throughput * len(old) / len(target)
         await self._install(engine, throughput, target)
 

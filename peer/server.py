@@ -178,23 +178,23 @@ class PeerServer(Moves):
             throughput = await self._graph_throughput(engine, throughput)
         await self._install(engine, throughput, target, moved=False)
 
-    async def _graph_throughput(self, engine: ServingEngine, eager: float) -> float:
-        """A growing join's speed once its decode graphs are captured. The `eager` one, measured on
-        its first layer, is several times too low for a GPU (launch-bound: about 1/8 of graphs for
-        7B-sized layers, docs/performance.md), and unlike a move it has no earlier range to take its
-        speed from. Its sessions may hold pages 0..k by now, so the measurement takes its pages from
-        the pool as a session does, and runs between batches."""
+    async def _graph_throughput(self, engine: ServingEngine, first: float) -> float:
+        """A growing join's speed once its whole range's decode graphs are captured. The one measured
+        on its first layer alone (`first`, on that layer's graphs) charges one layer with a whole step's
+        fixed costs (copies, a sync), so it is too low over k layers, and unlike a move a join has no
+        earlier range to take its speed from. Its sessions may hold pages 0..k by now, so the
+        measurement takes its pages from the pool as a session does, and runs between batches."""
         pages = self.pool.allocate(engine.measure_pages())
         if pages is None:
-            logger.warning("no free cache pages to measure the CUDA graphs' speed on; announcing the eager "
-                           "speed of the first layer (%.1f tokens/s) until the next move", eager)
-            return eager
+            logger.warning("no free cache pages to measure the CUDA graphs' speed on; announcing the speed "
+                           "measured on the first layer (%.1f tokens/s) until the next move", first)
+            return first
         try:
             throughput = await self.scheduler.run_exclusive(lambda: engine.measure_throughput(pages=pages))
         finally:
             self.pool.free(pages)
-        logger.info("throughput on CUDA graphs: %.1f tokens/s through %d layers (%.1f eagerly)",
-                    throughput, len(engine.served), eager)
+        logger.info("throughput on CUDA graphs: %.1f tokens/s through %d layers (%.1f from its first layer)",
+                    throughput, len(engine.served), first)
         return throughput
 
     def _placement(self) -> Placement:
@@ -330,6 +330,8 @@ class PeerServer(Moves):
                 "migrations": self.migrations,
                 "graph_batches": self.engine.steps["graph"] if self.engine is not None else 0,
                 "eager_batches": self.engine.steps["eager"] if self.engine is not None else 0,
+                # A growing range's decode batches, replayed as a chain of per-layer graphs.
+                "chain_batches": self.engine.steps["chain"] if self.engine is not None else 0,
                 "errors": dict(self.handler.errors),
                 "refusals": dict(self.registry.counters),
             },

@@ -14,7 +14,7 @@ from kernels.fused import (
     silu_mul_ref,
 )
 from shards.batch import BatchLayout
-from shards.cuda_graphs import DecodeGraphs, decode_forward
+from shards.cuda_graphs import DecodeGraphs, LayerGraphs, decode_forward
 from shards.quant import quantize_shard
 from tests.kernel_helpers import kernel_device, kernel_dtype, random_shard, rel_err, tiny_config
 
@@ -69,12 +69,12 @@ def _prefill(shard, caches, pts, lens, gen):
         shard(h, lay, c)
 
 
-def _check_decode_steps(shard, run, cache_ref, lens, pts, steps, gen, tol):
+def _check_decode_steps(shard, run, cache_ref, lens, pts, steps, gen, tol, layers=None):
     for step in range(steps):
         cached = [n + step for n in lens]
         lay = BatchLayout.decode(cached, pts, 16)
         h = torch.randn(len(lens), shard.config.hidden_size, generator=gen).to(shard.device)
-        ref = shard(h, lay, cache_ref)
+        ref = shard(h, lay, cache_ref, layers)
         out = run(h, lay)
         assert out.shape == ref.shape
         assert rel_err(out, ref) < tol, f"step {step}"
@@ -117,3 +117,51 @@ def test_decode_forward_and_graphs_match_shard_forward(kv_heads: int, bias: bool
     h = torch.randn(2, shard.config.hidden_size, device=dev).to(dt)
     assert not graphs.can_run(h, lay)
     assert rel_err(graphs.run(h, lay), shard(h, lay, c_graph)) < 1e-6
+
+
+@pytest.mark.gpu
+def test_layer_graphs_replay_loaded_sub_ranges_as_a_chain() -> None:
+    """A growing shard's per-layer graphs: a sub-range whose layers are all captured replays as a
+    chain and equals shard.forward over those layers (outputs and K/V); one missing layer, or a
+    prefill row, is not chain material. Off CUDA, decode_forward over the same blocks is checked."""
+    dev = kernel_device()
+    dt = kernel_dtype(dev)
+    shard = random_shard(tiny_config(2, False, layers=4), dt, dev, seed=3)
+    gen = torch.Generator().manual_seed(0)
+    pts = [[0, 1, 2, 3], [5, 6, 7], [9, 10]]
+    lens = [40, 20, 7]
+    c_ref, c_chain = (shard.new_cache(16, 16) for _ in range(2))
+    _prefill(shard, (c_ref, c_chain), pts, lens, gen)
+
+    def reference(layers):
+        return lambda h, lay: shard(h, lay, c_ref, layers)
+
+    if dev.type != "cuda":  # the chain's per-layer body, eagerly: decode_forward over blocks [1, 3)
+        def blocks(h, lay):
+            pos = torch.tensor(lay.cached_tokens, dtype=torch.int32, device=dev)
+            slots = torch.tensor([p[c // 16] * 16 + c % 16 for p, c in zip(pts, lay.cached_tokens)], device=dev)
+            table = torch.tensor([p + [0] * (4 - len(p)) for p in pts], dtype=torch.int32, device=dev)
+            return decode_forward(shard, c_chain, h, pos, slots, pos + 1, table, blocks=(1, 3))
+
+        _check_decode_steps(shard, blocks, c_ref, lens, pts, 3, torch.Generator().manual_seed(1), 2e-2,
+                            layers=(1, 3))
+        return
+    chain = LayerGraphs(shard, c_chain, max_pages_per_seq=8, buckets=(1, 4))
+    for layer in (2, 1):  # arrival order need not be ascending (routing.load_order grows either end)
+        chain.add(layer)
+    decode = BatchLayout.decode(lens, pts, 16)
+    h = torch.randn(len(lens), shard.config.hidden_size, device=dev).to(dt)
+    assert chain.can_run(h, decode, (1, 3)) and chain.can_run(h, decode, (2, 3))
+    assert not chain.can_run(h, decode, (0, 3)) and not chain.can_run(h, decode, (1, 4))
+    assert not chain.can_run(h, BatchLayout([2], [0], [[12]], 16), (1, 3))  # prefill rows
+    _check_decode_steps(shard, lambda h, lay: chain.run(h, lay, (1, 3)), c_ref, lens, pts, 3,
+                        torch.Generator().manual_seed(1), 2e-2, layers=(1, 3))
+    for i in (1, 2):  # the chain wrote the same K/V as the eager path; padding rows wrote nothing
+        assert rel_err(c_chain.k[i], c_ref.k[i]) < 2e-2 and rel_err(c_chain.v[i], c_ref.v[i]) < 2e-2
+    chain.add(0)
+    chain.add(3)
+    # The whole range now, one step on: layers 0 and 3 saw none of the three steps above, in
+    # either cache (their slots are zeros in both), so the two still agree.
+    after = BatchLayout.decode([n + 3 for n in lens], pts, 16)
+    assert chain.can_run(h, after, (0, 4))
+    assert rel_err(chain.run(h, after, (0, 4)), shard(h, after, c_ref)) < 2e-2
