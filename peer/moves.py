@@ -142,6 +142,12 @@ class Moves:
         halted = threading.Event()  # set once this move is over: a load still running stops at its next layer
 
         def grew(engine: ServingEngine, served: LayerRange, throughput: float) -> None:  # on the loading thread
+            if engine.chain is not None and old_throughput > 0:
+                # On its per-layer graphs a growing range runs at 0.95-0.99 of a whole range's graph
+                # speed (docs/performance.md, run N): the old range's graph-measured speed per layer
+                # says it better than `throughput`, measured on the first layer alone, which bears a
+                # whole step's fixed costs (copies, a sync) and so undersells k layers.
+                throughput = old_throughput * len(old) / len(served)
             if halted.is_set():  # the move was cancelled (a drain stops the balancer): grow no further
                 raise MoveHalted(f"the move to {target} was cancelled at layers {served}")
             # Bounded: a peer stopped mid-move must not leave this thread waiting on a closed loop.
@@ -187,7 +193,7 @@ class Moves:
         self.handler.served.layers = served
         if served != target:  # the whole target is announced by _install, once the load returns
             await self._announce()
-            logger.info("serving layers %s of %s (the rest still loading)", served, target)
+            logger.info("serving layers %s of %s at %.1f tokens/s (the rest still loading)", served, target, throughput)
 
     async def _swap_engine(self, engine: ServingEngine, reason: str) -> None:
         """Make `engine` the one batches run on. Its KV cache is new: the sessions on the old one

@@ -393,6 +393,12 @@ def test_a_gpu_peer_moves_in_place_and_serves_its_new_layers(checkpoint: Path, r
         assert "in place (--move-mode in-place)" in log and "now serving layers 0:15" in log, mover.log_tail()
         # It served the gap's layers as they arrived (on per-layer graphs), then captured the whole range's.
         assert "serving each layer as it arrives" in log and "(the rest still loading)" in log, mover.log_tail()
+        # ... announcing, while it grew, the speed per layer its whole range had on graphs (the
+        # partial range replays per-layer graphs), not the first layer's, which bears a step's fixed costs.
+        grown = re.findall(r"serving layers (\d+):(\d+) of 0:15 at ([\d.]+) tokens/s", log)
+        assert grown, mover.log_tail()
+        for start, end, speed in grown:
+            assert float(speed) * (int(end) - int(start)) == pytest.approx(float(speeds[1]) * 15, rel=0.01)
         with DistributedModel.from_pretrained(checkpoint, swarm.initial_peers, model_name="moves", device="cuda",
                                               dtype=torch.float32) as model:
             ids = prompts(1, 16, seed=7)[0]
