@@ -23,6 +23,7 @@ Both share `_StaticInputs` (the buffers a graph reads) and `_capture`.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -138,7 +139,7 @@ class _StaticInputs:
         self._copied.record()
 
 
-def _capture(device: torch.device, pool: object, body) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def _capture(device: torch.device, pool: object, body: Callable[[], torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """Warm `body` up twice (compile / autotune outside the capture), then capture it into `pool`.
     The caller has filled its inputs with padding rows, so neither run writes KV."""
     stream = _warmup_stream(device)
@@ -156,8 +157,9 @@ def _capture(device: torch.device, pool: object, body) -> tuple[torch.cuda.CUDAG
     return graph, out
 
 
-class DecodeGraphs:
-    """Captured decode steps for one (shard, cache) pair; see the module docstring."""
+class _GraphSet:
+    """What DecodeGraphs and LayerGraphs share: the (shard, cache) pair, the buckets, the static
+    inputs, one memory pool for every capture, and the decode body they capture."""
 
     def __init__(
         self,
@@ -170,10 +172,30 @@ class DecodeGraphs:
         self.max_len = max_pages_per_seq * cache.page_size
         self.buckets = tuple(sorted(buckets))
         self.enabled = shard.device.type == "cuda" and torch.cuda.is_available()
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         if self.enabled:
             self._inputs = _StaticInputs(shard, cache.page_size, max_pages_per_seq, self.buckets)
+
+    def _decode(self, bs: int, blocks: tuple[int, int] | None = None) -> torch.Tensor:
+        """decode_forward on the static inputs' first `bs` rows (what a capture records)."""
+        pos, slots, lens, table = self._inputs.views(bs)
+        splits = choose_splits(bs, self.shard.config.num_kv_heads, self.max_len)
+        return decode_forward(self.shard, self.cache, self._inputs.hidden[:bs], pos, slots, lens, table,
+                              self.max_len, splits, blocks)
+
+
+class DecodeGraphs(_GraphSet):
+    """Captured decode steps for one (shard, cache) pair; see the module docstring."""
+
+    def __init__(
+        self,
+        shard: torch.nn.Module,
+        cache: KVCache,
+        max_pages_per_seq: int,
+        buckets: tuple[int, ...] = BUCKETS,
+    ) -> None:
+        super().__init__(shard, cache, max_pages_per_seq, buckets)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ public
 
@@ -211,21 +233,12 @@ class DecodeGraphs:
             if bs in self.graphs:
                 continue
             self._inputs.fill_padding()
-            graph, out = _capture(self.shard.device, self._pool, lambda bs=bs: self._body(bs))
+            graph, out = _capture(self.shard.device, self._pool, lambda bs=bs: self._decode(bs))
             self._pool = graph.pool()
             self.graphs[bs] = (graph, out)
 
-    # ------------------------------------------------------------------ internals
 
-    def _body(self, bs: int) -> torch.Tensor:
-        pos, slots, lens, table = self._inputs.views(bs)
-        splits = choose_splits(bs, self.shard.config.num_kv_heads, self.max_len)
-        return decode_forward(
-            self.shard, self.cache, self._inputs.hidden[:bs], pos, slots, lens, table, self.max_len, splits
-        )
-
-
-class LayerGraphs:
+class LayerGraphs(_GraphSet):
     """Per-layer captured decode steps of a shard whose layers arrive one by one; see the module docstring.
 
     Every layer's graph reads the shared hidden buffer and writes its output back into it, so a
@@ -241,15 +254,9 @@ class LayerGraphs:
         max_pages_per_seq: int,
         buckets: tuple[int, ...] = BUCKETS,
     ) -> None:
-        self.shard, self.cache = shard, cache
-        self.max_len = max_pages_per_seq * cache.page_size
-        self.buckets = tuple(sorted(buckets))
-        self.enabled = shard.device.type == "cuda" and torch.cuda.is_available()
+        super().__init__(shard, cache, max_pages_per_seq, buckets)  # one pool: the chain replays one graph at a time
         self.graphs: dict[int, dict[int, torch.cuda.CUDAGraph]] = {}  # absolute layer -> bucket -> graph
-        self._pool = None  # one pool for every layer: the chain replays one graph at a time
         self._lock = threading.Lock()
-        if self.enabled:
-            self._inputs = _StaticInputs(shard, cache.page_size, max_pages_per_seq, self.buckets)
 
     def can_run(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int]) -> bool:
         return (
@@ -269,7 +276,7 @@ class LayerGraphs:
             captured: dict[int, torch.cuda.CUDAGraph] = {}
             for bs in sorted(self.buckets, reverse=True):
                 self._inputs.fill_padding()
-                graph, _ = _capture(self.shard.device, self._pool, lambda bs=bs: self._body(layer, bs))
+                graph, _ = _capture(self.shard.device, self._pool, lambda bs=bs: self._chained(layer, bs))
                 self._pool = graph.pool()
                 captured[bs] = graph
             self.graphs[layer] = captured
@@ -285,10 +292,7 @@ class LayerGraphs:
                 self.graphs[layer][bs].replay()
             return self._inputs.hidden[:B].clone()
 
-    def _body(self, layer: int, bs: int) -> torch.Tensor:
-        pos, slots, lens, table = self._inputs.views(bs)
-        splits = choose_splits(bs, self.shard.config.num_kv_heads, self.max_len)
+    def _chained(self, layer: int, bs: int) -> torch.Tensor:
+        """One layer's decode, its output written back to the hidden buffer the next layer reads."""
         block = layer - self.shard.start
-        out = decode_forward(self.shard, self.cache, self._inputs.hidden[:bs], pos, slots, lens, table,
-                             self.max_len, splits, blocks=(block, block + 1))
-        return self._inputs.hidden[:bs].copy_(out)
+        return self._inputs.hidden[:bs].copy_(self._decode(bs, (block, block + 1)))
