@@ -17,7 +17,8 @@ File map:
                    one token runs its k experts directly; several run as grouped matmuls (CPU)
     families.py    block_class(config, layer): which block serves a layer
     shard.py       Shard: layers [start, end) loaded and run over a BatchLayout
-    cuda_graphs.py DecodeGraphs: captured decode steps (batch buckets 1-64) replayed on CUDA
+    cuda_graphs.py DecodeGraphs: captured decode steps (batch buckets 1-64) replayed on CUDA;
+                   LayerGraphs: per-layer ones for a range whose layers still arrive
     quant.py       QuantLinear (int8 / int4 weights), quantize_shard (round to nearest), memory_plan
     calibrate.py   GPTQ: int4 calibrated on a text, layer by layer
     quant_checkpoint.py  quantized checkpoints (`swarm-peer quantize`'s output; loaded by Shard.from_pretrained)
