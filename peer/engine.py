@@ -14,7 +14,7 @@ new engine for the new range and swaps it in one assignment; nothing else holds 
 - while layers still arrive (`load`'s on_grow), such a batch over loaded layers replays their
   per-layer graphs as a chain (`shards.cuda_graphs.LayerGraphs`, `chain`), on the compute thread:
   each layer's graphs are captured as it arrives, so a growing peer serves near its graph speed,
-  not at the launch-bound eager speed (1/8-1/4 of it on an H200);
+  not at the launch-bound eager speed (15-46% of it on an H200, docs/performance.md run N);
 - anything else (prefill chunks, mixed batches, a layer sub-range, stateless forwards, CPU) runs
   `Shard.forward` eagerly.
 Outputs go back to the host in the wire dtype through a pinned staging buffer, so the step costs
