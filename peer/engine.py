@@ -64,18 +64,15 @@ class ServingEngine:
 
     def _graphable(self) -> bool:
         """Can decode steps of this shard be captured (CUDA, a family decode_forward computes)?"""
-        if self.shard.device.type != "cuda":
-            return False
-        if not self.shard.supports_fused_decode:
-            logger.info("decode graphs are not available for this model family; decoding eagerly")
-            return False
-        return True
+        return self.shard.device.type == "cuda" and self.shard.supports_fused_decode
 
     def _captured_graphs(self, max_length: int) -> DecodeGraphs | None:
         """Decode graphs of the whole shard, captured (None off CUDA or for families without them).
         Capture writes no KV (every row is padding) and is thread-local, so batches of this engine
         may run on another thread meanwhile (a growing engine's partial range, on its chain)."""
         if not self._graphable():
+            if self.shard.device.type == "cuda":  # said once per engine, at its whole-range capture
+                logger.info("decode graphs are not available for this model family; decoding eagerly")
             return None
         graphs = DecodeGraphs(self.shard, self.cache, max_pages_per_seq=-(-max_length // self.page_size))
         started = time.perf_counter()

@@ -160,7 +160,9 @@ def _capture(device: torch.device, pool: object, body: Callable[[], torch.Tensor
 
 class _GraphSet:
     """What DecodeGraphs and LayerGraphs share: the (shard, cache) pair, the buckets, the static
-    inputs, one memory pool for every capture, and the decode body they capture."""
+    inputs, one memory pool for every capture, the captured graphs, and the decode body."""
+
+    graphs: dict
 
     def __init__(
         self,
@@ -174,6 +176,9 @@ class _GraphSet:
         self.buckets = tuple(sorted(buckets))
         self.enabled = shard.device.type == "cuda" and torch.cuda.is_available()
         self._pool = None
+        self.graphs = {}
+        # Held by a capture and by a replay, where captures happen while the set serves (LayerGraphs).
+        self._lock = threading.Lock()
         if self.enabled:
             self._inputs = _StaticInputs(shard, cache.page_size, max_pages_per_seq, self.buckets)
 
@@ -188,15 +193,7 @@ class _GraphSet:
 class DecodeGraphs(_GraphSet):
     """Captured decode steps for one (shard, cache) pair; see the module docstring."""
 
-    def __init__(
-        self,
-        shard: torch.nn.Module,
-        cache: KVCache,
-        max_pages_per_seq: int,
-        buckets: tuple[int, ...] = BUCKETS,
-    ) -> None:
-        super().__init__(shard, cache, max_pages_per_seq, buckets)
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+    graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]]  # bucket -> (graph, its output)
 
     # ------------------------------------------------------------------ public
 
@@ -248,16 +245,7 @@ class LayerGraphs(_GraphSet):
     writes the shared buffers in its warm-up) and a replay apart; each capture takes milliseconds.
     """
 
-    def __init__(
-        self,
-        shard: torch.nn.Module,
-        cache: KVCache,
-        max_pages_per_seq: int,
-        buckets: tuple[int, ...] = BUCKETS,
-    ) -> None:
-        super().__init__(shard, cache, max_pages_per_seq, buckets)  # one pool: the chain replays one graph at a time
-        self.graphs: dict[int, dict[int, torch.cuda.CUDAGraph]] = {}  # absolute layer -> bucket -> graph
-        self._lock = threading.Lock()
+    graphs: dict[int, dict[int, torch.cuda.CUDAGraph]]  # absolute layer -> bucket -> graph (one pool for all)
 
     def can_run(self, hidden: torch.Tensor, layout: BatchLayout, layers: tuple[int, int]) -> bool:
         return (
