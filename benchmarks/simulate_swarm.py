@@ -28,8 +28,9 @@ measuring, so the numbers describe its steady state rather than its first placem
 An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
 until it expires, 2/3 to 3/3 of RECORD_TTL_S later (peers re-announce every ttl / 3), or, when
 it was serving routes, until the crash watch drops it (peer/crash_watch.py): CRASH_SEEN_S after
-the crash (a client's failed dial, its suspect report, a peer's failed probe), whichever comes
-first; the next watch read then reacts. The swarm is taken as busy, so every serving peer carries
+a process died, VANISHED_SEEN_S after a host vanished (--vanished-share of the abrupt departures;
+a client's failed step or unanswered stall probe, its suspect report, a peer's failed probe),
+whichever comes first; the next watch read then reacts. The swarm is taken as busy, so every serving peer carries
 some session that notices its crash (--no-crash-watch: records always last until they expire).
 Reaction, timed as peer/balancer.py does: peers re-read the DHT every WATCH_PERIOD_S (+-25%)
 and decide at once (routing.urgent_layers) when some layer has no ONLINE server: a DRAINING
@@ -123,11 +124,16 @@ RTT_RANGE_S = (0.01, 0.15)  # client-to-peer round trips, uniform
 WATCH_PERIOD_S = 5.0  # peers re-read the view this often (+-25%) to spot layers nobody ONLINE serves
 REACT_DELAY_PER_LAYER_S = 0.5  # then wait this long per layer they hold before deciding
 RECORD_TTL_S = 30.0  # swarm-peer --announce-ttl; re-announced every third of it
-# From a crash until a peer's read of the view drops the record: a client's next step fails and its
-# re-dial is refused (~1 s; a vanished host: the dial's timeout), its suspect report is stored, and
-# the peer's own probe fails (peer/server.py PROBE_TIMEOUT_S = 3 s at worst). The read itself comes
-# at the next watch (WATCH_PERIOD_S, added by the reaction as for an expiry).
-CRASH_SEEN_S = 5.0
+# From an abrupt departure until a peer's read of the view drops the record; the read itself comes at
+# the next watch (WATCH_PERIOD_S, added by the reaction as for an expiry). Two kinds (SimConfig.vanished_share):
+# A process that died closes its streams: a client's step fails at once, its re-dial is refused, its
+# suspect report is stored (~0.5 s), and the peer's own probe is refused at once.
+CRASH_SEEN_S = 1.5
+# A host that vanished (a closed laptop, a dropped link) closes nothing: the client probes the silent
+# hop after ClientConfig.stall_probe_s (2 s), waits out the probe (2 s), reports it (~0.5 s), and the
+# peer's own probe waits out peer/server.py PROBE_TIMEOUT_S (2 s). Before the stall probe (eighteenth
+# session) the client waited out its 30-s step timeout and a 15-s re-dial: the record expired first.
+VANISHED_SEEN_S = 6.5
 DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are not covered
 THIN_GRACE_S = 10.0  # peer/drain.py: covered but thin, a drainer waits this long for a replacement to start loading
 
@@ -162,6 +168,8 @@ class SimConfig:
     flow_move_gain: float | None = None  # None: routing.flow_move_gain (the mover's share); a share: that, for every peer
     flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
     crash_watch: bool = True  # a serving peer's crash is seen after CRASH_SEEN_S, not at record expiry
+    vanished_share: float = 0.5  # share of abrupt departures that are vanished hosts, seen after vanished_seen_s
+    vanished_seen_s: float = VANISHED_SEEN_S
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
     small_first_always: bool = False  # the fastest loaders refill first even while every layer has a GPU server (the rule before)
     standby_pair_weight: float = 0.0  # routing.standby.exposure's weight of an unguarded two-server layer
@@ -198,6 +206,7 @@ def simulate(cfg: SimConfig) -> SimResult:
     # the same population: differences are the policies', not the dice's.
     pop = random.Random(cfg.seed)
     rng = random.Random(f"{cfg.seed}-decisions")
+    vanish = random.Random(f"{cfg.seed}-vanished")  # which abrupt departures are vanished hosts: its own stream
     # Standbys draw from their own streams, so the GPU peers' runs are the same with or without them.
     has_standby = random.Random(f"{cfg.seed}-standby")
     standby_rng = random.Random(f"{cfg.seed}-standby-decisions")
@@ -441,8 +450,9 @@ def simulate(cfg: SimConfig) -> SimResult:
             expiring[p.peer_id] = p
             # The last announcement was 0-10 s ago, so the record outlives its peer by 20-30 s.
             expires = now + rng.uniform(RECORD_TTL_S * 2 / 3, RECORD_TTL_S)
+            seen = cfg.vanished_seen_s if vanish.random() < cfg.vanished_share else CRASH_SEEN_S
             if cfg.crash_watch and served is not None:
-                expires = min(expires, now + CRASH_SEEN_S)
+                expires = min(expires, now + seen)
             push(expires, "expire", p.peer_id)
 
     view_flow: list = [-1, (0.0, None)]  # (swarm.placements it was computed at, routing.swarm_flow)
@@ -844,6 +854,13 @@ def main(argv: list[str] | None = None) -> SimResult:
                          "is loaded: it decodes eagerly until its CUDA graphs are captured (1: as fast as loaded; on the "
                          "H200, docs/performance.md, eager decode is ~1/8 of graphs for 7B-sized layers, ~1/4 for "
                          "70B-sized ones; slower GPUs lose less)")
+    ap.add_argument("--vanished-share", type=float, default=0.5,
+                    help="share of the abrupt departures that are vanished hosts (a closed laptop: no stream closes), "
+                         "seen after --vanished-seen-s; the rest are dead processes, seen after CRASH_SEEN_S = 1.5 s")
+    ap.add_argument("--vanished-seen-s", type=float, default=VANISHED_SEEN_S,
+                    help="seconds until a vanished host's record leaves the view (6.5: the client's stall probe and the "
+                         "peers' probe; 48: the client before the stall probe, 30-s step timeout and 15-s re-dial, "
+                         "so the record expires first)")
     ap.add_argument("--no-crash-watch", action="store_true",
                     help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
@@ -852,6 +869,8 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
+    if not 0 <= a.vanished_share <= 1:
+        ap.error(f"--vanished-share is a share of the abrupt departures in [0, 1], got {a.vanished_share}")
     if not 0 < a.growing_share <= 1:
         ap.error(f"--growing-share is a share of capacity in (0, 1], got {a.growing_share}")
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
@@ -863,7 +882,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
-                    crash_watch=not a.no_crash_watch, standby_stays_in_use=not a.standby_moves_in_use,
+                    crash_watch=not a.no_crash_watch, vanished_share=a.vanished_share,
+                    vanished_seen_s=a.vanished_seen_s, standby_stays_in_use=not a.standby_moves_in_use,
                     small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
                     react_clean_first=not a.exposing_peers_react_as_soon, serve_by_layer=a.serve_by_layer is not None,

@@ -5,6 +5,7 @@
 - `session.py`: `InferenceSession`, steps through a route, failover with replay.
 - `hop.py`: `HopSession`, one peer's part of a session and the inputs it was sent.
 - `forward.py`: stateless forward passes (scoring).
+- `stall.py`: a hop silent for a while is probed; a vanished host fails over in seconds.
 - `swarm_client.py`: DHT node, P2P streams, view cache, bans and route planning.
 - `measured.py`: per-peer throughput the client measured, which caps what peers announce in routing.
 - `loop.py`: the private event loop thread behind the synchronous API.

@@ -14,6 +14,9 @@ class ClientConfig:
     model_name: str | None = None  # name in the DHT; default: the checkpoint folder's name
     step_timeout: float = 30.0  # seconds for one hop to answer a step before we fail over
     connect_timeout: float = 15.0
+    # A hop that has not answered a step for this long is probed (an info request, this long a
+    # timeout): a vanished host (no stream closed) fails over in seconds, not step_timeout (client/stall.py).
+    stall_probe_s: float = 2.0
     max_retries: int = 5  # failovers per step before giving up with an error
     retry_backoff: float = 0.5  # seconds, doubled after every failed attempt of one step
     push: bool = True  # peers pass decode steps straight on (faster in benchmarks/bench_client_modes.py)
@@ -23,6 +26,8 @@ class ClientConfig:
     min_quant: str | None = None  # route only through peers at least this precise ("int8": int8 or none); None: any
 
     def __post_init__(self) -> None:
+        if not self.stall_probe_s > 0:
+            raise ValueError(f"stall_probe_s={self.stall_probe_s!r}: give the seconds after which a silent hop is probed (> 0)")
         if self.min_quant is not None and self.min_quant not in QUANT_PRECISION:
             raise ValueError(f"min_quant={self.min_quant!r}: choose one of {', '.join(QUANT_PRECISION)} (or None for any)")
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
 from client.errors import SwarmError, is_hop_failure
 from client.hop import TORCH_DTYPES
+from client.stall import unless_gone
 from swarm.schema import Forward, Result
 
 if TYPE_CHECKING:
@@ -39,7 +41,9 @@ async def forward_through_swarm(
                 try:
                     request = Forward(x.to(TORCH_DTYPES.get(record.dtype, torch.float32)), list(new_tokens),
                                       (hop.layers.start, hop.layers.end))
-                    reply = await stream.request(request.to_wire(), swarm.config.step_timeout)
+                    reply = await unless_gone(stream.request(request.to_wire(), swarm.config.step_timeout),
+                                              partial(swarm.is_alive, hop.peer_id), hop.peer_id,
+                                              swarm.config.stall_probe_s, swarm.config.step_timeout)
                 finally:
                     await stream.close()
             except Exception as e:

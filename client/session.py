@@ -22,10 +22,11 @@ import torch
 
 from client.errors import SwarmError, is_hop_failure
 from client.hop import HopSession
+from client.stall import unless_gone
 from client.swarm_client import SwarmClient
 from client.verify import check_step, fingerprint_outliers
 from routing import NoRouteError
-from swarm.errors import RemoteError
+from swarm.errors import PeerUnreachable, RemoteError
 from swarm.schema import MAX_ROUTE_HOPS
 
 logger = logging.getLogger(__name__)
@@ -155,7 +156,7 @@ class InferenceSession:
             try:
                 sent = time.perf_counter()
                 await hop.send_step(x, new_tokens, step_id, token_ids=token_ids, upstream=self._upstream(index))
-                y = await hop.recv_result(step_id, self._timeout)
+                y = await self._result(hop, step_id)
                 self._measure(hop, new_tokens, time.perf_counter() - sent)
             except Exception as e:
                 if not is_hop_failure(e):
@@ -215,11 +216,13 @@ class InferenceSession:
             return 0, x
         for index, hop in enumerate(self.hops):
             try:
-                y = await hop.recv_result(step_id, self._timeout)
+                y = await self._result(hop, step_id)
             except Exception as e:
                 if not is_hop_failure(e):
                     raise self._user_error(hop, e) from e
                 logger.info("push through %s failed at step %d (%s); relaying from here", hop, step_id, e)
+                if isinstance(e, PeerUnreachable):  # gone: relaying to it again would wait out another probe
+                    await self._replace(index, e, 1)
                 return index, x
             now = time.perf_counter()  # hop i's result follows hop i-1's by its compute and one transfer
             self._measure(hop, new_tokens, now - last)
@@ -227,6 +230,12 @@ class InferenceSession:
             hop.record_inputs(x, new_tokens, token_ids)
             x = y
         return len(self.hops), x
+
+    async def _result(self, hop: HopSession, step_id: int) -> torch.Tensor:
+        """`hop`'s result of step `step_id`; a hop silent for ClientConfig.stall_probe_s is probed, and
+        one that does not answer raises PeerUnreachable at once, not at step_timeout (client/stall.py)."""
+        return await unless_gone(hop.recv_result(step_id, self._timeout), lambda: self.swarm.is_alive(hop.peer_id),
+                                 hop.peer_id, self.swarm.config.stall_probe_s, self._timeout)
 
     def _measure(self, hop: HopSession, new_tokens: list[int], seconds: float) -> None:
         """Decode steps only: a prefill's tokens/s says little about a peer's decode speed."""
@@ -281,7 +290,7 @@ class InferenceSession:
                 if x is not None:
                     replay_id = self._new_id()
                     await hop.send_step(x, new_tokens, replay_id, token_ids=history_ids)
-                    y = await hop.recv_result(replay_id, self._timeout)
+                    y = await self._result(hop, replay_id)
                     hop.record_inputs(x, new_tokens, history_ids)
                     x = y
         except Exception as e:

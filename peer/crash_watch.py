@@ -12,6 +12,7 @@ after the record expired.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -20,7 +21,7 @@ from swarm.types import SwarmView
 
 logger = logging.getLogger(__name__)
 
-# Probes per view read: a flood of forged suspects costs each peer at most this many probes
+# Probes per view read (run at once): a flood of forged suspects costs each peer at most this many probes
 # per watch period (peer/balancer.py WATCH_PERIOD_S). 4 exceeds the crashes a swarm sees at once.
 MAX_PROBES_PER_READ = 4
 # Verdicts remembered (per peer id and announcement); older ones go first. A verdict is only
@@ -44,23 +45,21 @@ class CrashWatch:
         except Exception as e:  # the DHT read failed: balance on the view as it is
             logger.debug("could not read the suspects: %s", e)
             return view
-        dead: set[str] = set()
-        probes = 0
+        suspected: list[tuple[str, float]] = []  # (peer id, announcement) of suspects still in the view
         for peer_id, announced in sorted(suspects.items()):
             record = view.records.get(peer_id)
             if record is None or peer_id == self.me() or record.updated > announced:
                 continue  # gone already, ourselves, or announced again since the report
-            key = (peer_id, record.updated)
-            if key not in self._verdicts:
-                if probes >= MAX_PROBES_PER_READ:
-                    continue
-                probes += 1
-                self._remember(key, await self.probe(peer_id))
-                if not self._verdicts[key]:
-                    logger.info("peer %s was reported unreachable and does not answer us either: "
-                                "balancing as if its record (layers %s) had expired", peer_id, record.layers)
-            if not self._verdicts[key]:
-                dead.add(peer_id)
+            suspected.append((peer_id, record.updated))
+        unjudged = [key for key in suspected if key not in self._verdicts][:MAX_PROBES_PER_READ]
+        # At once, not one after another: a vanished host never answers, so its probe takes the whole timeout.
+        verdicts = await asyncio.gather(*(self.probe(peer_id) for peer_id, _ in unjudged))
+        for key, answered in zip(unjudged, verdicts):
+            self._remember(key, answered)
+            if not answered:
+                logger.info("peer %s was reported unreachable and does not answer us either: "
+                            "balancing as if its record (layers %s) had expired", key[0], view.records[key[0]].layers)
+        dead = {peer_id for peer_id, updated in suspected if self._verdicts.get((peer_id, updated)) is False}
         if not dead:
             return view
         return replace(view, records={p: r for p, r in view.records.items() if p not in dead})

@@ -194,3 +194,38 @@ def test_a_peer_that_crashes_mid_generation_is_reported_as_a_suspect(tiny_model_
         assert survivor.peer_id not in suspects
     finally:
         model.close()
+
+
+def test_a_vanished_peer_is_failed_over_and_reported_in_seconds(tiny_model_factory, local_swarm: LocalSwarm) -> None:
+    """Two peers serve every layer; the one carrying the session is stopped (SIGSTOP) at token 3: a
+    host that vanished, whose streams stay open and never answer. With the default 30-s step timeout
+    the client probes the silent hop after ClientConfig.stall_probe_s, fails over when the probe goes
+    unanswered (client/stall.py) and reports it as a suspect, all well inside one step timeout; the
+    tokens equal transformers'. Before the stall probe this waited out the whole step timeout."""
+    peers, ids, expected, model = two_full_peers(tiny_model_factory, local_swarm, seed=9, new_tokens=8)
+    step_timeout = model.swarm.config.step_timeout
+    assert step_timeout >= 30, "the default step timeout, which this test must beat by far"
+    victim: SwarmProcess | None = None
+    try:
+        with model.inference_session(max_length=32) as session:
+            injector = FaultAtToken(session, {p.peer_id: (p, "0:4") for p in peers},
+                                    lambda p: p.signal(signal.SIGSTOP), at=3)
+            started = time.monotonic()
+            out = model.generate(ids, max_new_tokens=8, session=session, streamer=injector)
+            elapsed = time.monotonic() - started
+            victim = injector.victim
+            assert torch.equal(out, expected)
+            assert session.stats.failovers >= 1
+        assert victim is not None
+        assert elapsed < step_timeout / 3, f"generation took {elapsed:.1f} s: the stalled hop was waited out"
+        survivor = next(p for p in peers if p is not victim)
+        deadline = time.monotonic() + 20
+        while victim.peer_id not in (suspects := model.loop.run(
+                model.swarm.node.fetch_suspects_async(model.model_name), timeout=30)):
+            assert time.monotonic() < deadline, "the vanished peer was never reported"
+            time.sleep(0.3)
+        assert survivor.peer_id not in suspects
+    finally:
+        model.close()
+        if victim is not None:
+            victim.kill()  # a stopped process dies on SIGKILL; the fixture would too, later

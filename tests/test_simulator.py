@@ -8,6 +8,12 @@ import pytest
 
 from benchmarks.simulate_swarm import LOAD_S_PER_LAYER, SimConfig, format_table, main, simulate
 
+# Every crash seen after 5 s: the crash model the rules of the eighth to eleventh sessions were
+# measured and these cases calibrated on, before dead processes (1.5 s) and vanished hosts (6.5 s,
+# the client's stall probe) were told apart in the eighteenth session. A test of a rule that is not
+# about crash detection pins it, so its case stays the one it was calibrated on.
+SEEN_AFTER_5_S = dict(vanished_share=1.0, vanished_seen_s=5.0)
+
 
 def test_small_swarm_for_one_hour_stays_covered() -> None:
     # 50 peers on a 60-layer model (about 9x redundancy): churn never opens a gap.
@@ -176,6 +182,27 @@ def test_the_crash_watch_shortens_what_a_crash_costs() -> None:
     assert standby_only[True] < 0.9 * standby_only[False]
 
 
+def test_a_vanished_host_seen_by_the_stall_probe_costs_less_than_one_waited_out() -> None:
+    """Every departure abrupt, every one a vanished host: seen after 6.5 s (the client's stall probe,
+    client/stall.py, and the peers' probe) its layers are refilled sooner than when the client waited
+    out its 30-s step timeout and 15-s re-dial (48 s: the record expires first), so gaps are shorter
+    and, with standbys, less time is spent on standbys alone (seeds 0, 3, 5, 6 summed; measured 31 vs
+    47 s per gap, 9.0% vs 18.4% of the hour on standbys alone)."""
+    dark = {6.5: [0.0, 0], 48.0: [0.0, 0]}  # seen after -> [dark seconds, gaps]
+    standby_only = {6.5: 0.0, 48.0: 0.0}
+    for seed in (0, 3, 5, 6):
+        cfg = dict(peers=60, hours=1.0, seed=seed, churn=0.3, redundancy=2.0, graceful=0.0, vanished_share=1.0)
+        for seen in (6.5, 48.0):
+            bare = simulate(SimConfig(**cfg, vanished_seen_s=seen))
+            dark[seen][0] += (1.0 - bare.coverage_time_fraction) * 3600
+            dark[seen][1] += bare.gaps_opened
+            standby_only[seen] += simulate(SimConfig(**cfg, standby_share=0.3, vanished_seen_s=seen)).standby_only_time_fraction
+    assert dark[6.5][1] > 0 and dark[48.0][1] > 0
+    probed, waited = dark[6.5][0] / dark[6.5][1], dark[48.0][0] / dark[48.0][1]
+    assert probed < 0.8 * waited, f"mean gap {probed:.0f} s seen by the stall probe vs {waited:.0f} s waited out"
+    assert standby_only[6.5] < 0.9 * standby_only[48.0], standby_only
+
+
 def test_the_largest_peers_refill_thin_layers_in_fewer_moves() -> None:
     """Where every layer keeps a GPU server (only thin ones: a large peer departed), the largest
     peers decide first (peer/balancer.py react_delay) and refill the range in one move, where the
@@ -185,8 +212,8 @@ def test_the_largest_peers_refill_thin_layers_in_fewer_moves() -> None:
     moves = {True: 0.0, False: 0.0}  # small first always -> moves per peer-hour, summed
     flow = {True: 0.0, False: 0.0}
     for seed in (3, 5, 6):
-        cfg = dict(peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2, redundancy=2.0, graceful=0.5,
-                   standby_share=0.3, route_period_s=120, react_clean_first=False)
+        cfg = dict(**SEEN_AFTER_5_S, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2, redundancy=2.0,
+                   graceful=0.5, standby_share=0.3, route_period_s=120, react_clean_first=False)
         for always in (True, False):
             r = simulate(SimConfig(**cfg, small_first_always=always))
             moves[always] += r.migrations_per_peer_hour
@@ -205,8 +232,8 @@ def test_moves_from_disk_end_drains_sooner_and_keep_the_swarm_stronger() -> None
     flow = {None: 0.0, 2.0: 0.0}
     drain = {None: 0.0, 2.0: 0.0}
     for seed in (3, 5, 6):
-        cfg = dict(peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2, redundancy=2.0, graceful=0.5,
-                   standby_share=0.3, route_period_s=120)
+        cfg = dict(**SEEN_AFTER_5_S, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2, redundancy=2.0,
+                   graceful=0.5, standby_share=0.3, route_period_s=120)
         for move_load in (None, 2.0):
             r = simulate(SimConfig(**cfg, move_load_s_per_layer=move_load))
             flow[move_load] += r.flow_vs_bound_mean
@@ -282,8 +309,8 @@ def test_peers_that_serve_each_layer_as_it_arrives_keep_the_swarm_stronger() -> 
     minute, so every peer that crashed or moved mid-load removed exactly what it had added."""
     flow = {False: 0.0, True: 0.0}
     for seed in (0, 1, 2):
-        cfg = dict(peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2, redundancy=2.0, graceful=0.5,
-                   standby_share=0.3, route_period_s=120, move_load_s_per_layer=2.0, prefetch_s=1200,
+        cfg = dict(**SEEN_AFTER_5_S, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2, redundancy=2.0,
+                   graceful=0.5, standby_share=0.3, route_period_s=120, move_load_s_per_layer=2.0, prefetch_s=1200,
                    standby_by_layer=True, check_arrays=True)
         whole, by_layer = simulate(SimConfig(**cfg)), simulate(SimConfig(**cfg, serve_by_layer=True))
         assert by_layer.coverage_time_fraction >= whole.coverage_time_fraction
