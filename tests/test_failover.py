@@ -103,17 +103,20 @@ class FaultAtToken:
 
 
 @pytest.mark.parametrize(
-    "fault, push",
+    "fault, push, step_timeout",
     [
-        pytest.param(lambda p: p.kill(), False, id="kill-9-relay"),
-        pytest.param(lambda p: p.kill(), True, id="kill-9-push"),
-        pytest.param(lambda p: p.signal(signal.SIGTERM), True, id="error-frame"),  # shutting_down frames
-        pytest.param(lambda p: p.signal(signal.SIGSTOP), True, id="hang"),
+        pytest.param(lambda p: p.kill(), False, 3.0, id="kill-9-relay"),
+        pytest.param(lambda p: p.kill(), True, 3.0, id="kill-9-push"),
+        pytest.param(lambda p: p.signal(signal.SIGTERM), True, 3.0, id="error-frame"),  # shutting_down frames
+        pytest.param(lambda p: p.signal(signal.SIGSTOP), True, 3.0, id="hang"),  # short timeout: fails over on it
+        # The default step timeout: the stall probe (client/stall.py) finds the stopped peer well before it.
+        pytest.param(lambda p: p.signal(signal.SIGSTOP), True, 30.0, id="vanished-push"),
     ],
 )
-def test_generation_survives_a_failing_peer(twins: TwinSwarm, prompt_and_expected, fault, push: bool) -> None:
+def test_generation_survives_a_failing_peer(twins: TwinSwarm, prompt_and_expected, fault, push: bool,
+                                            step_timeout: float) -> None:
     ids, expected = prompt_and_expected
-    config = ClientConfig(step_timeout=3.0, retry_backoff=0.1)  # short timeout: "hang" fails over fast
+    config = ClientConfig(step_timeout=step_timeout, retry_backoff=0.1)
     model = DistributedModel.from_pretrained(twins.model, twins.swarm.initial_peers, config=config)
     injector = None
     try:
@@ -121,7 +124,12 @@ def test_generation_survives_a_failing_peer(twins: TwinSwarm, prompt_and_expecte
         twins.wait_for_exact_records(model)  # the previous case's victim has left the DHT
         with model.inference_session(max_length=128, push=push) as session:
             injector = FaultAtToken(session, twins.peers, fault)
+            started = time.monotonic()
             out = model.generate(ids, max_new_tokens=NEW_TOKENS, session=session, streamer=injector)
+            elapsed = time.monotonic() - started
+            print(f"generation took {elapsed:.1f} s with the fault")
+            if step_timeout >= 30:
+                assert elapsed < step_timeout / 2, f"{elapsed:.1f} s: the silent hop was waited out"
             assert injector.victim is not None
             assert session.stats.failovers > injector.failovers_before, "the fault was never noticed"
             assert injector.victim.peer_id not in {h.peer_id for h in session.hops}
@@ -217,7 +225,7 @@ def test_a_vanished_peer_is_failed_over_and_reported_in_seconds(tiny_model_facto
             assert torch.equal(out, expected)
             assert session.stats.failovers >= 1
         assert victim is not None
-        assert elapsed < step_timeout / 3, f"generation took {elapsed:.1f} s: the stalled hop was waited out"
+        assert elapsed < step_timeout / 2, f"generation took {elapsed:.1f} s: the stalled hop was waited out"
         survivor = next(p for p in peers if p is not victim)
         deadline = time.monotonic() + 20
         while victim.peer_id not in (suspects := model.loop.run(
