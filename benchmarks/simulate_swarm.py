@@ -117,6 +117,7 @@ LOAD_S_PER_LAYER = 5.0
 # Mean seconds between a peer's balance checks (uniform in [0.5, 1.5] x this, so peers do
 # not decide in lockstep and herd to the same spot).
 BALANCE_PERIOD_S = 600.0
+SNAPSHOT_EVERY = 10  # --snapshots: every 10th route sample (each 10 simulated minutes at --route-period 60)
 METRIC_PERIOD_S = 60.0  # bottleneck / bound sampled once a simulated minute
 ROUTE_PERIOD_S = 600.0  # a client route planned (and the max flow taken) every 10 simulated minutes
 RTT_RANGE_S = (0.01, 0.15)  # client-to-peer round trips, uniform
@@ -182,6 +183,7 @@ class SimConfig:
     growing_share: float = 1.0
     joins_by_layer: bool = True  # ... joiners too, as the GPU peer does (False: movers only, the peer before)
     check_arrays: bool = False  # at every metric sample, compare the incremental arrays with a recount (tests)
+    snapshots: str | None = None  # a JSONL file: the serving placement every SNAPSHOT_EVERY-th measured route sample
 
 
 def draw_peer(pop: random.Random, index: int) -> SimPeer:
@@ -698,6 +700,8 @@ def simulate(cfg: SimConfig) -> SimResult:
             flow, spread, spread_load = (_flows(serving, num_layers, cfg.growing_share) if not swarm.gpu_uncovered
                                          else (0.0, 0.0, 0.0))
             bound = sum(q.thr * q.k for q in peers.values()) / num_layers
+            if cfg.snapshots and now >= start and len(flow_ratios) % SNAPSHOT_EVERY == 0:
+                _write_snapshot(Path(cfg.snapshots), now, num_layers, serving, cfg.growing_share)
             flow_ratios.append(flow / bound)
             series["flow_t_h"].append(now / per_hour)
             series["flow"].append(round(flow / bound, 4))
@@ -772,6 +776,14 @@ def _balance_arrays(swarm: SwarmArrays, k: int, cfg: SimConfig, counts: list[int
     if not cfg.tiered:
         return swarm.thr, counts
     return swarm.at_least(k), counts
+
+
+def _write_snapshot(path: Path, now: float, num_layers: int, serving: list[SimPeer], growing_share: float) -> None:
+    """Append the serving placement (what _flows takes) as one JSON line, for benchmarks/sim_fragility.py."""
+    placed = [(q.served, q.thr * q.k * (growing_share if q.loading else 1.0)) for q in serving if q.served is not None]
+    with path.open("a") as out:
+        out.write(json.dumps({"t_s": now, "num_layers": num_layers, "spans": [[s.start, s.end] for s, _ in placed],
+                              "capacities": [c for _, c in placed]}) + "\n")
 
 
 def _flows(serving: list[SimPeer], num_layers: int, growing_share: float = 1.0) -> tuple[float, float, float]:
@@ -866,6 +878,9 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--no-thin", action="store_true",
                     help="peers decide at once only on gaps, not thin layers, a drain leaves once covered, and a move may leave its layers thin (the rule before)")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
+    ap.add_argument("--snapshots", type=Path, default=None,
+                    help="append the serving placement of every 10th measured route sample to this JSONL file "
+                         "(benchmarks/sim_fragility.py reads it: how deep one crash cuts the max flow)")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
@@ -887,7 +902,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
                     react_clean_first=not a.exposing_peers_react_as_soon, serve_by_layer=a.serve_by_layer is not None,
-                    joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share)
+                    joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
+                    snapshots=None if a.snapshots is None else str(a.snapshots))
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"
