@@ -17,6 +17,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -234,7 +235,7 @@ class InferenceSession:
     async def _result(self, hop: HopSession, step_id: int) -> torch.Tensor:
         """`hop`'s result of step `step_id`; a hop silent for ClientConfig.stall_probe_s is probed, and
         one that does not answer raises PeerUnreachable at once, not at step_timeout (client/stall.py)."""
-        return await unless_gone(hop.recv_result(step_id, self._timeout), lambda: self.swarm.is_alive(hop.peer_id),
+        return await unless_gone(hop.recv_result(step_id, self._timeout), partial(self.swarm.is_alive, hop.peer_id),
                                  hop.peer_id, self.swarm.config.stall_probe_s, self._timeout)
 
     def _measure(self, hop: HopSession, new_tokens: list[int], seconds: float) -> None:
