@@ -162,10 +162,11 @@ def test_flow_moves_raise_the_max_flow_within_the_move_budget() -> None:
 
 
 def test_the_crash_watch_shortens_what_a_crash_costs() -> None:
-    """A crashed serving peer's record leaves the balancing view CRASH_SEEN_S after the crash, not
-    20-30 s later at expiry: over seeds 0, 3, 5, 6 (60 peers, 30%/h churn, every departure abrupt)
-    each gap is shorter (27 vs 54 s on average) and, with standbys, the time some layer is served
-    by standbys alone falls (11.1% vs 13.1%, summed). Single seeds vary: an earlier move changes
+    """A crashed serving peer's record leaves the balancing view CRASH_SEEN_S (a dead process) or
+    VANISHED_SEEN_S (a vanished host) after the crash, not 20-30 s later at expiry: over seeds 0, 3,
+    5, 6 (60 peers, 30%/h churn, every departure abrupt) each gap is shorter (29 vs 54 s on average;
+    27 when every crash was seen after 5 s) and, with standbys, the time some layer is served by
+    standbys alone falls (10.7% vs 13.1%, summed). Single seeds vary: an earlier move changes
     every later event (seed 6 is no better)."""
     dark = {True: [0.0, 0], False: [0.0, 0]}  # crash watch -> [dark seconds, gaps]
     standby_only = {True: 0.0, False: 0.0}
