@@ -168,19 +168,10 @@ def test_the_crash_watch_shortens_what_a_crash_costs() -> None:
     27 when every crash was seen after 5 s) and, with standbys, the time some layer is served by
     standbys alone falls (10.7% vs 13.1%, summed). Single seeds vary: an earlier move changes
     every later event (seed 6 is no better)."""
-    dark = {True: [0.0, 0], False: [0.0, 0]}  # crash watch -> [dark seconds, gaps]
-    standby_only = {True: 0.0, False: 0.0}
-    for seed in (0, 3, 5, 6):
-        cfg = dict(peers=60, hours=1.0, seed=seed, churn=0.3, redundancy=2.0, graceful=0.0, react_clean_first=False)
-        for watch in (True, False):
-            bare = simulate(SimConfig(**cfg, crash_watch=watch))
-            dark[watch][0] += (1.0 - bare.coverage_time_fraction) * 3600
-            dark[watch][1] += bare.gaps_opened
-            standby_only[watch] += simulate(SimConfig(**cfg, standby_share=0.3, crash_watch=watch)).standby_only_time_fraction
-    assert dark[True][1] > 0 and dark[False][1] > 0
-    watched, expired = dark[True][0] / dark[True][1], dark[False][0] / dark[False][1]
+    costs = crash_costs(dict(react_clean_first=False), {True: dict(crash_watch=True), False: dict(crash_watch=False)})
+    (watched, standby_watched), (expired, standby_expired) = costs[True], costs[False]
     assert watched < 0.8 * expired, f"mean gap {watched:.0f} s with the crash watch vs {expired:.0f} s without"
-    assert standby_only[True] < 0.9 * standby_only[False]
+    assert standby_watched < 0.9 * standby_expired
 
 
 def test_a_vanished_host_seen_by_the_stall_probe_costs_less_than_one_waited_out() -> None:
@@ -189,19 +180,29 @@ def test_a_vanished_host_seen_by_the_stall_probe_costs_less_than_one_waited_out(
     out its 30-s step timeout and 15-s re-dial (48 s: the record expires first), so gaps are shorter
     and, with standbys, less time is spent on standbys alone (seeds 0, 3, 5, 6 summed; measured 31 vs
     47 s per gap, 9.0% vs 18.4% of the hour on standbys alone)."""
-    dark = {6.5: [0.0, 0], 48.0: [0.0, 0]}  # seen after -> [dark seconds, gaps]
-    standby_only = {6.5: 0.0, 48.0: 0.0}
-    for seed in (0, 3, 5, 6):
-        cfg = dict(peers=60, hours=1.0, seed=seed, churn=0.3, redundancy=2.0, graceful=0.0, vanished_share=1.0)
-        for seen in (6.5, 48.0):
-            bare = simulate(SimConfig(**cfg, vanished_seen_s=seen))
-            dark[seen][0] += (1.0 - bare.coverage_time_fraction) * 3600
-            dark[seen][1] += bare.gaps_opened
-            standby_only[seen] += simulate(SimConfig(**cfg, standby_share=0.3, vanished_seen_s=seen)).standby_only_time_fraction
-    assert dark[6.5][1] > 0 and dark[48.0][1] > 0
-    probed, waited = dark[6.5][0] / dark[6.5][1], dark[48.0][0] / dark[48.0][1]
+    costs = crash_costs(dict(vanished_share=1.0), {seen: dict(vanished_seen_s=seen) for seen in (6.5, 48.0)})
+    (probed, standby_probed), (waited, standby_waited) = costs[6.5], costs[48.0]
     assert probed < 0.8 * waited, f"mean gap {probed:.0f} s seen by the stall probe vs {waited:.0f} s waited out"
-    assert standby_only[6.5] < 0.9 * standby_only[48.0], standby_only
+    assert standby_probed < 0.9 * standby_waited, costs
+
+
+def crash_costs(common: dict, variants: dict, seeds: tuple[int, ...] = (0, 3, 5, 6)) -> dict:
+    """Per variant (SimConfig fields), over 60-peer swarms at 2x and 30%/h churn, every departure abrupt:
+    (mean seconds a gap stays open, over every gap of every seed; time on standbys alone with 30% of the
+    peers running one, summed over the seeds)."""
+    costs = {}
+    for key, variant in variants.items():
+        dark = standby_only = 0.0
+        gaps = 0
+        for seed in seeds:
+            cfg = dict(peers=60, hours=1.0, seed=seed, churn=0.3, redundancy=2.0, graceful=0.0, **common, **variant)
+            bare = simulate(SimConfig(**cfg))
+            dark += (1.0 - bare.coverage_time_fraction) * 3600
+            gaps += bare.gaps_opened
+            standby_only += simulate(SimConfig(**cfg, standby_share=0.3)).standby_only_time_fraction
+        assert gaps > 0, f"{variant}: no gap opened, nothing measured"
+        costs[key] = (dark / gaps, standby_only)
+    return costs
 
 
 def test_the_largest_peers_refill_thin_layers_in_fewer_moves() -> None:
