@@ -181,6 +181,16 @@ def test_a_killed_peers_record_is_dialled_once_not_once_per_session(tiny_model_f
     assert retries == [1, 0, 0, 0], f"dials of the dead peer per session: {retries}"
 
 
+def assert_reported_alone(model: DistributedModel, victim: SwarmProcess, survivor: SwarmProcess) -> None:
+    """Within 20 s the DHT's suspects list `victim` (the client reported it), never `survivor`."""
+    deadline = time.monotonic() + 20
+    while victim.peer_id not in (suspects := model.loop.run(
+            model.swarm.node.fetch_suspects_async(model.model_name), timeout=30)):
+        assert time.monotonic() < deadline, f"peer {victim.peer_id} was never reported"
+        time.sleep(0.3)
+    assert survivor.peer_id not in suspects
+
+
 def test_a_peer_that_crashes_mid_generation_is_reported_as_a_suspect(tiny_model_factory, local_swarm: LocalSwarm) -> None:
     """Two peers serve every layer; the one carrying the session is killed at token 3. The client
     fails over to the other (same tokens as transformers), asks the dead one for its info beside the
@@ -193,13 +203,7 @@ def test_a_peer_that_crashes_mid_generation_is_reported_as_a_suspect(tiny_model_
             assert torch.equal(model.generate(ids, max_new_tokens=8, session=session, streamer=injector), expected)
             assert session.stats.failovers >= 1
         victim = injector.victim
-        survivor = next(p for p in peers if p is not victim)
-        deadline = time.monotonic() + 20
-        while victim.peer_id not in (suspects := model.loop.run(
-                model.swarm.node.fetch_suspects_async(model.model_name), timeout=30)):
-            assert time.monotonic() < deadline, "the crashed peer was never reported"
-            time.sleep(0.3)
-        assert survivor.peer_id not in suspects
+        assert_reported_alone(model, victim, next(p for p in peers if p is not victim))
     finally:
         model.close()
 
@@ -226,13 +230,7 @@ def test_a_vanished_peer_is_failed_over_and_reported_in_seconds(tiny_model_facto
             assert session.stats.failovers >= 1
         assert victim is not None
         assert elapsed < step_timeout / 2, f"generation took {elapsed:.1f} s: the stalled hop was waited out"
-        survivor = next(p for p in peers if p is not victim)
-        deadline = time.monotonic() + 20
-        while victim.peer_id not in (suspects := model.loop.run(
-                model.swarm.node.fetch_suspects_async(model.model_name), timeout=30)):
-            assert time.monotonic() < deadline, "the vanished peer was never reported"
-            time.sleep(0.3)
-        assert survivor.peer_id not in suspects
+        assert_reported_alone(model, victim, next(p for p in peers if p is not victim))
     finally:
         model.close()
         if victim is not None:
