@@ -46,7 +46,9 @@ class SimPeer:
 class SwarmArrays:
     """Per-layer arrays kept incrementally.
 
-    Balancing's view (ONLINE + JOINING, movers at their target, not DRAINING): thr, counted.
+    Balancing's view (ONLINE + JOINING, movers at their target, not DRAINING): thr, counted, and
+    per peer size the throughput (thr_by_k), counts and the throughput crossing each layer boundary
+    (cross_by_k: windows with start < b < end, for routing.balance's staggered windows).
     Serving (ONLINE, DRAINING too): online_thr, online_n. Staying servers (ONLINE,
     not DRAINING): staying_n, staying_thr. A mover pauses while it loads (memory for one range only).
     Standbys: standby_n serving, standby_at placed (loading too). uncovered: layers nobody
@@ -58,6 +60,7 @@ class SwarmArrays:
         self.counted = [0] * num_layers
         self.thr_by_k: dict[int, list[float]] = {}  # balancing throughput per peer size (tiers)
         self.counted_by_k: dict[int, list[int]] = {}  # ... and counts, so 0 there means nobody of that size
+        self.cross_by_k: dict[int, list[float]] = {}  # ... and the throughput crossing each boundary
         self.online_thr = [0.0] * num_layers
         self.online_n = [0] * num_layers
         self.staying_n = [0] * num_layers
@@ -70,6 +73,7 @@ class SwarmArrays:
         self.gaps_opened = 0
         self.placements = 0  # changes of balancing's view so far: keys what is computed once per view
         self._tiers: dict[int, tuple[int, list[float]]] = {}  # k -> (placements, at_least(k))
+        self._crossing_tiers: dict[int, tuple[int, list[float]]] = {}  # k -> (placements, crossing_at_least(k))
         self._thin_limit = (-1, 0.0)  # (placements, thin_limit())
 
     def place(self, p: SimPeer, sign: int) -> None:
@@ -77,6 +81,11 @@ class SwarmArrays:
         n = len(self.thr)
         tier_thr = self.thr_by_k.setdefault(p.k, [0.0] * n)
         tier_n = self.counted_by_k.setdefault(p.k, [0] * n)
+        tier_cross = self.cross_by_k.setdefault(p.k, [0.0] * n)
+        for boundary in range(p.layers.start + 1, p.layers.end):
+            tier_cross[boundary] += sign * p.thr
+            if tier_cross[boundary] < 1e-9:
+                tier_cross[boundary] = 0.0
         for layer in range(p.layers.start, p.layers.end):
             self.counted[layer] += sign
             self.thr[layer] += sign * p.thr
@@ -90,15 +99,22 @@ class SwarmArrays:
     def at_least(self, k: int) -> list[float]:
         """Balancing throughput of the peers holding at least k layers (routing.balance's tiers);
         computed once per placement and shared: callers copy before changing it."""
-        cached = self._tiers.get(k)
+        return self._tier_sum(k, self.thr_by_k, self._tiers)
+
+    def crossing_at_least(self, k: int) -> list[float]:
+        """Per boundary, the throughput of the windows of at least k layers crossing it (shared, as at_least)."""
+        return self._tier_sum(k, self.cross_by_k, self._crossing_tiers)
+
+    def _tier_sum(self, k: int, by_size: dict[int, list[float]], cache: dict[int, tuple[int, list[float]]]) -> list[float]:
+        cached = cache.get(k)
         if cached is not None and cached[0] == self.placements:
             return cached[1]
-        thr = [0.0] * len(self.thr)
-        for size, tier in self.thr_by_k.items():
+        out = [0.0] * len(self.thr)
+        for size, tier in by_size.items():
             if size >= k:
-                thr = [a + b for a, b in zip(thr, tier)]
-        self._tiers[k] = (self.placements, thr)
-        return thr
+                out = [a + b for a, b in zip(out, tier)]
+        cache[k] = (self.placements, out)
+        return out
 
     def place_standby(self, span: LayerRange, sign: int) -> None:
         """A standby placed on (sign > 0) or taken off `span` (loading or serving there)."""
@@ -185,7 +201,8 @@ def array_mismatches(a: SwarmArrays, b: SwarmArrays, tol: float = 1e-6) -> list[
     for k in set(a.counted_by_k) | set(b.counted_by_k):
         n = len(a.thr)
         if a.counted_by_k.get(k, [0] * n) != b.counted_by_k.get(k, [0] * n) or any(
-                abs(x - y) > tol for x, y in zip(a.thr_by_k.get(k, [0.0] * n), b.thr_by_k.get(k, [0.0] * n))):
+                abs(x - y) > tol for by_size in ("thr_by_k", "cross_by_k")
+                for x, y in zip(getattr(a, by_size).get(k, [0.0] * n), getattr(b, by_size).get(k, [0.0] * n))):
             out.append(f"tier {k}")
     return out
 

@@ -23,8 +23,10 @@ counts but keeps serving until every layer it holds has another ONLINE server or
 
 Joins are flow-aware (routing.choose_layers): the window holds the max flow's bottleneck layer.
 Joins and moves are tiered as in routing.balance: a peer weighs only the peers holding at
-least as many layers as it does (per-size arrays here). --warmup-hours runs the swarm before
-measuring, so the numbers describe its steady state rather than its first placement.
+least as many layers as it does (per-size arrays here). --stagger (an experiment the peer does not
+run yet): windows are also ranked by the throughput crossing their inner boundaries (routing.balance).
+--warmup-hours runs the swarm before measuring, so the numbers describe its steady state rather
+than its first placement.
 An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
 until it expires, 2/3 to 3/3 of RECORD_TTL_S later (peers re-announce every ttl / 3), or, when
 it was serving routes, until the crash watch drops it (peer/crash_watch.py): CRASH_SEEN_S after
@@ -160,6 +162,7 @@ class SimConfig:
     flow_join: bool = True  # joiners take a window holding the max flow's bottleneck (routing.flow)
     fast_fill: bool = True  # gaps are filled by the fastest loaders first, in parallel
     tiered: bool = True  # a peer weighs only peers holding at least as many layers (routing.balance)
+    stagger: bool = False  # windows straddle boundaries few windows cross (routing.balance.STAGGER_WEIGHT; an experiment, not the peer's rule)
     warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
     standby_share: float = 0.0  # share of peers also running a standby in host memory (swarm-peer serve --standby)
     thin: bool = True  # thin layers wake peers, hold drains and moves (routing.thin_layers); False: gaps alone
@@ -362,7 +365,8 @@ def simulate(cfg: SimConfig) -> SimResult:
             placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
             bottleneck = bottleneck_layer(placed, num_layers) if placed else None
         thr, counted = _balance_arrays(swarm, p.k, cfg, counts)
-        p.layers = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded)
+        p.layers = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded,
+                                 crossing=_crossing(swarm, p.k, cfg))
         peers[p.peer_id] = p
         if not instant:  # a warm swarm's first peers have long had their files
             p.prefetched_at = now + cfg.load_s_per_layer * p.k + cfg.prefetch_s
@@ -471,11 +475,16 @@ def simulate(cfg: SimConfig) -> SimResult:
                 others[layer] = 0.0
         online = WithoutPeer(swarm.staying_n, p.layers, 1)
         staying = WithoutPeer(swarm.staying_thr, p.layers, p.thr) if cfg.thin else None
+        crossing = _crossing(swarm, p.k, cfg)
+        if crossing is not None:
+            crossing = crossing[:]
+            for boundary in range(p.layers.start + 1, p.layers.end):
+                crossing[boundary] = max(0.0, crossing[boundary] - p.thr)
         # plan_move's swarm_down (a sole server may shift into a gap while no route exists) is left
         # out: it only acts while some layer has no server, standbys included, which the measured
         # runs with standbys almost never see, and it would make the GPU peers' run depend on them.
         target = plan_move(others, online, p.layers, p.thr, cfg.quality, counted, discount=cfg.sole_discount,
-                           guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit())
+                           guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit(), crossing=crossing)
         if target is None and cfg.flow_moves and (p.moved_at is None or now - p.moved_at >= cfg.flow_move_cooldown_s):
             counted_peers = [q for q in [*peers.values(), *expiring.values()] if not q.draining]
             if view_flow[0] != swarm.placements:  # every peer reading this view shares its max flow
@@ -483,7 +492,7 @@ def simulate(cfg: SimConfig) -> SimResult:
                 view_flow[:] = [swarm.placements, swarm_flow(placed, num_layers)]
             others_placed = [(q.layers, q.thr * q.k) for q in counted_peers if q is not p]
             target = plan_flow_move(others_placed, num_layers, p.layers, p.thr * p.k, others, online, staying,
-                                    swarm.thin_limit(), view_flow[1], cfg.flow_move_gain)
+                                    swarm.thin_limit(), view_flow[1], cfg.flow_move_gain, tier_crossing=crossing)
         if target is None:
             return False
         # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
@@ -778,6 +787,14 @@ def _balance_arrays(swarm: SwarmArrays, k: int, cfg: SimConfig, counts: list[int
     return swarm.at_least(k), counts
 
 
+def _crossing(swarm: SwarmArrays, k: int, cfg: SimConfig) -> list[float] | None:
+    """The throughput crossing each boundary that a peer of k layers ranks windows by (shared: copy
+    before changing it); None without --stagger."""
+    if not cfg.stagger:
+        return None
+    return swarm.crossing_at_least(k if cfg.tiered else 1)
+
+
 def _write_snapshot(path: Path, now: float, num_layers: int, serving: list[SimPeer], growing_share: float) -> None:
     """Append the serving placement (what _flows takes) as one JSON line, for benchmarks/sim_fragility.py."""
     placed = [(q.served, q.thr * q.k * (growing_share if q.loading else 1.0)) for q in serving if q.served is not None]
@@ -831,6 +848,10 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="a gap is filled by one random peer, not by the fastest loaders in parallel")
     ap.add_argument("--untiered", action="store_true",
                     help="peers weigh every peer, not only those holding at least as many layers (the rule before)")
+    ap.add_argument("--stagger", action="store_true",
+                    help="joins and moves also rank windows by the throughput crossing their inner boundaries, so they "
+                         "straddle boundaries few windows cross instead of abutting (an experiment, not the peer's rule: "
+                         "docs/balancing.md, nineteenth session)")
     ap.add_argument("--standby-share", type=float, default=0.0,
                     help="share of peers that also run a standby in host memory (swarm-peer serve --standby)")
     ap.add_argument("--route-period", type=float, default=ROUTE_PERIOD_S,
@@ -894,6 +915,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
+                    stagger=a.stagger,
                     warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,

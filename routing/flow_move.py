@@ -76,6 +76,7 @@ def plan_flow_move(
     thin_limit: float = 0.0,
     flow: tuple[float, int | None] | None = None,
     gain: float | None = None,
+    tier_crossing: Sequence[float] | None = None,
 ) -> LayerRange | None:
     """Where a peer serving `current` should move for the max flow, or None to stay.
 
@@ -85,7 +86,9 @@ def plan_flow_move(
     `others_staying` / `thin_limit` as in plan_move. `flow` is swarm_flow of the whole placement,
     this peer included: every peer reading one view shares it (a simulator caches it), computed
     here when not given. The move must make that flow feasible `gain` higher (default
-    flow_move_gain of this peer's share).
+    flow_move_gain of this peer's share). `tier_crossing` (per boundary, the tier's throughput
+    crossing it without this peer) ranks the windows as choose_window's `crossing` does (an
+    experiment: routing.balance's staggered windows).
     """
     if not leaves_safely(current, others_online, others_staying, thin_limit):
         return None
@@ -95,7 +98,7 @@ def plan_flow_move(
         return None  # a gap comes first (should_move), or I already hold where the flow runs dry
     if gain is None:
         gain = flow_move_gain(my_capacity, sum(c for _, c in whole))
-    target = window_holding(tier_throughput, len(current), bottleneck)
+    target = window_holding(tier_throughput, len(current), bottleneck, tier_crossing)
     if now <= 0 or not feasible([*others, (target, my_capacity)], num_layers, now * (1 + gain)):
         return None
     return target

@@ -30,6 +30,7 @@ from routing import (
     thin_without,
     urgent_layers,
 )
+from routing.balance import STAGGER_WEIGHT, window_total
 from routing.flow import bottleneck_layer, max_flow_throughput, peer_capacities
 from routing.layer_view import guarded_layers
 from swarm.types import LayerRange, PeerRecord, PeerState
@@ -278,6 +279,53 @@ def test_choose_layers_joins_where_the_max_flow_is_short_not_at_the_weakest_laye
     assert choose_layers(sole, 2) == LayerRange(6, 8)
     # With a gap, the gap comes first.
     assert choose_layers(view(8, rec("a", "0:4", 5.0), rec("c", "4:6", 3.0)), 2) == LayerRange(6, 8)
+
+
+def crossing_of(placement: list[tuple[str, float]], num_layers: int) -> list[float]:
+    """Per layer boundary b, the throughput of the windows with start < b < end (choose_window's `crossing`)."""
+    out = [0.0] * num_layers
+    for layers, throughput in placement:
+        span = LayerRange.parse(layers)
+        for boundary in range(span.start + 1, span.end):
+            out[boundary] += throughput
+    return out
+
+
+def test_staggered_windows_straddle_the_boundaries_few_windows_cross() -> None:
+    # Four abutting windows of 4 over 16 layers; 4:12 (b, c) are the weakest, equally so: without
+    # crossings the lowest start among the weakest windows wins, abutting again.
+    placed = [("0:4", 20.0), ("4:8", 10.0), ("8:12", 10.0), ("12:16", 20.0)]
+    v = view(16, *(rec(name, layers, thr) for name, (layers, thr) in zip("abcd", placed)))
+    thr, counts, crossing = layer_throughput(v), layer_counts(v), crossing_of(placed, 16)
+    assert crossing[4] == crossing[8] == 0.0 and crossing[5] == 10.0
+    assert choose_window(thr, 4, counts) == LayerRange(4, 8)
+    # Counting the throughput crossing each window's inner boundaries, the windows straddling 8
+    # (crossed by nobody) win over 4:8 (crossed by b at 5, 6, 7); ties: lowest start.
+    assert choose_window(thr, 4, counts, crossing=crossing) == LayerRange(5, 9)
+    # A window at either end of the model counts its layers alone: its end layers have no other
+    # window that could hold them (staggered away, they would lose a server).
+    ones = [1.0] * 16
+    assert window_total(ones, 0, 4, crossing) == window_total(ones, 12, 4, crossing) == 4.0
+    assert window_total(ones, 2, 4, crossing) == 4.0 + STAGGER_WEIGHT * 30.0  # a (20) at 3, b (10) at 5
+    weak_start = [("0:4", 6.0), *placed[1:]]
+    v = view(16, *(rec(name, layers, thr) for name, (layers, thr) in zip("abcd", weak_start)))
+    assert choose_window(layer_throughput(v), 4, layer_counts(v), crossing=crossing_of(weak_start, 16)) == LayerRange(0, 4)
+
+
+def test_a_staggered_join_at_the_bottleneck_lets_the_flow_shift_across_a_boundary() -> None:
+    # The swarm of the flow-aware join test below: the bottleneck is layer 3, where a and b (0:4)
+    # end and c, d start. 2:4 is the weakest window holding it; 3:5 straddles the boundary at 4 that
+    # no window crosses, and carries more: the new peer's capacity can feed either side of it.
+    placed = [("0:4", 2.5), ("0:4", 2.5), ("4:6", 3.0), ("4:8", 4.0), ("6:8", 0.5)]
+    v = view(8, *(rec(name, layers, thr) for name, (layers, thr) in zip("abcde", placed)))
+    thr, counts = layer_throughput(v), layer_counts(v)
+    assert choose_window(thr, 2, counts, bottleneck=3) == LayerRange(2, 4)
+    assert choose_window(thr, 2, counts, bottleneck=3, crossing=crossing_of(placed, 8)) == LayerRange(3, 5)
+
+    def flow_with(layers: str) -> float:
+        return max_flow_throughput(view(8, *v.records.values(), rec("new", layers, 5.0)))
+
+    assert flow_with("3:5") > flow_with("2:4") + 0.5  # 6.6 against 5.75 tokens/s
 
 
 def test_a_sole_served_layer_counts_at_half_its_throughput() -> None:

@@ -332,6 +332,17 @@ def test_peers_loading_by_layer_keep_the_arrays_exact_under_heavy_churn() -> Non
     assert r.departures > 40 and r.gaps_opened > 0
 
 
+def test_staggered_windows_keep_their_crossing_arrays_exact_and_change_the_placement() -> None:
+    # --stagger (an experiment): the per-size crossing arrays are kept incrementally like the others,
+    # and must equal a recount every simulated minute under heavy churn (SimConfig.check_arrays).
+    cfg = dict(peers=60, hours=0.5, seed=4, churn=1.0, redundancy=1.5, graceful=0.0, standby_share=0.3,
+               load_s_per_layer=30.0, move_load_s_per_layer=10.0, serve_by_layer=True, standby_by_layer=True,
+               check_arrays=True)
+    staggered, abutting = simulate(SimConfig(**cfg, stagger=True)), simulate(SimConfig(**cfg))
+    assert staggered.departures > 20
+    assert staggered.series != abutting.series  # the rule changed where peers went
+
+
 def test_a_growing_peer_counts_at_its_eager_share_in_the_flow_and_nowhere_else() -> None:
     """--growing-share: a GPU peer serving part of its window decodes eagerly until its graphs are
     captured, so the sampled max flow credits it that share of its capacity. Only the measurement
