@@ -2,8 +2,9 @@
 
     .venv/bin/python -m benchmarks.sim_cluster --cluster helix24 --seed 0
 
-Peers join one by one in a seeded random order and pick layers with routing.choose_window;
-then every peer runs routing.plan_move in random order until a whole round moves nobody
+Peers join one by one in a seeded random order and pick layers with routing.choose_window
+(tiered and staggered as the peers are: routing.layer_view.crossing_throughput); then every
+peer runs routing.plan_move in random order until a whole round moves nobody
 (the decentralised balance loop, without its waiting). Clients then open `sessions`
 long-running sessions one after another, each routed by routing.choose_route on a view whose
 announced spare fraction is refreshed every ANNOUNCE_EVERY sessions (announcements lag).
@@ -39,6 +40,7 @@ from routing import (
     route_cost,
 )
 from routing.flow import max_flow_of
+from routing.layer_view import crossing_throughput
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
 LLAMA70B_LAYERS = 80
@@ -99,7 +101,9 @@ def place(peers: list[tuple[str, int, float, float]], num_layers: int, quality: 
     as routing.balance is (a peer weighs the peers holding at least as many layers)."""
     ranges: list[LayerRange] = []
     for _, k, _, _ in peers:
-        ranges.append(choose_window(layer_throughput(_placed(peers, ranges, num_layers), min_layers=k), k))
+        placed = _placed(peers, ranges, num_layers)
+        ranges.append(choose_window(layer_throughput(placed, min_layers=k), k,
+                                    crossing=crossing_throughput(placed, min_layers=k)))
     moves = 0
     order = list(range(len(peers)))
     rng = random.Random(len(peers))
@@ -110,7 +114,8 @@ def place(peers: list[tuple[str, int, float, float]], num_layers: int, quality: 
             name, k, rate, _ = peers[i]
             view = _placed(peers, ranges, num_layers)
             others = layer_throughput(view, without=name, min_layers=k)
-            target = plan_move(others, layer_servers(view, without=name), ranges[i], rate / k, quality)
+            target = plan_move(others, layer_servers(view, without=name), ranges[i], rate / k, quality,
+                               crossing=crossing_throughput(view, without=name, min_layers=k))
             if target is not None:
                 ranges[i] = target
                 moves += 1

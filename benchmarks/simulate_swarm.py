@@ -23,8 +23,8 @@ counts but keeps serving until every layer it holds has another ONLINE server or
 
 Joins are flow-aware (routing.choose_layers): the window holds the max flow's bottleneck layer.
 Joins and moves are tiered as in routing.balance: a peer weighs only the peers holding at
-least as many layers as it does (per-size arrays here). --stagger (an experiment the peer does not
-run yet): windows are also ranked by the throughput crossing their inner boundaries (routing.balance).
+least as many layers as it does (per-size arrays here), and staggered: windows are also ranked by
+the throughput crossing their inner boundaries (routing.balance; --no-stagger: they abut, the rule before).
 --warmup-hours runs the swarm before measuring, so the numbers describe its steady state rather
 than its first placement.
 An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
@@ -162,7 +162,7 @@ class SimConfig:
     flow_join: bool = True  # joiners take a window holding the max flow's bottleneck (routing.flow)
     fast_fill: bool = True  # gaps are filled by the fastest loaders first, in parallel
     tiered: bool = True  # a peer weighs only peers holding at least as many layers (routing.balance)
-    stagger: bool = False  # windows straddle boundaries few windows cross (routing.balance.STAGGER_WEIGHT; an experiment, not the peer's rule)
+    stagger: bool = True  # windows straddle boundaries few windows cross (routing.balance.STAGGER_WEIGHT)
     warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
     standby_share: float = 0.0  # share of peers also running a standby in host memory (swarm-peer serve --standby)
     thin: bool = True  # thin layers wake peers, hold drains and moves (routing.thin_layers); False: gaps alone
@@ -789,7 +789,7 @@ def _balance_arrays(swarm: SwarmArrays, k: int, cfg: SimConfig, counts: list[int
 
 def _crossing(swarm: SwarmArrays, k: int, cfg: SimConfig) -> list[float] | None:
     """The throughput crossing each boundary that a peer of k layers ranks windows by (shared: copy
-    before changing it); None without --stagger."""
+    before changing it); None with --no-stagger."""
     if not cfg.stagger:
         return None
     return swarm.crossing_at_least(k if cfg.tiered else 1)
@@ -848,10 +848,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="a gap is filled by one random peer, not by the fastest loaders in parallel")
     ap.add_argument("--untiered", action="store_true",
                     help="peers weigh every peer, not only those holding at least as many layers (the rule before)")
-    ap.add_argument("--stagger", action="store_true",
-                    help="joins and moves also rank windows by the throughput crossing their inner boundaries, so they "
-                         "straddle boundaries few windows cross instead of abutting (an experiment, not the peer's rule: "
-                         "docs/balancing.md, nineteenth session)")
+    ap.add_argument("--no-stagger", action="store_true",
+                    help="joins and moves rank windows by their layers alone, not also by the throughput crossing their "
+                         "inner boundaries, so they abut their neighbours (the rule before the nineteenth session)")
     ap.add_argument("--standby-share", type=float, default=0.0,
                     help="share of peers that also run a standby in host memory (swarm-peer serve --standby)")
     ap.add_argument("--route-period", type=float, default=ROUTE_PERIOD_S,
@@ -915,7 +914,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
-                    stagger=a.stagger,
+                    stagger=not a.no_stagger,
                     warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,

@@ -10,9 +10,9 @@ Only `swarm.types` is imported from the rest of the project.
              feed plan_route(banned=...).
 - balance.py choose_layers (flow-aware), should_move (array-level forms: choose_window,
              plan_move): which layers a peer should serve (sole-served layers discounted
-             unless a standby guards them); window_total's `crossing`: staggered windows, an
-             experiment only the simulator runs (--stagger).
-- layer_view.py layer_throughput, layer_counts, layer_servers, staying_throughput,
+             unless a standby guards them; windows staggered: window_total counts the
+             throughput crossing their inner boundaries).
+- layer_view.py layer_throughput, crossing_throughput, layer_counts, layer_servers, staying_throughput,
              guarded_layers, balanced_placement: what each layer holds, as balancing, moves and
              drains count it.
 - leaving.py urgent_layers, thin_layers, covered_without, may_move, gaps_opened_since, thin_without, incoming,

@@ -38,14 +38,15 @@ decide at once instead of at their next balance period, a draining peer stays wh
 replacement loads (thin_without, incoming), and a peer does not move away from layers it would
 leave thin (should_move): its reload would dip them as a departure does.
 
-Staggered windows (an experiment, not yet the peer's rule): with `crossing` (per layer boundary
-the throughput of the tier's windows that cross it), choose_window also counts STAGGER_WEIGHT times
-the crossing of each window's inner boundaries, so among windows of about equal strength it takes
-one that straddles boundaries few windows cross. The lowest total of a step-shaped throughput sits
-at the steps, so without it windows abut, and a stretch carried by one large window beside a small
-one is common; straddling windows let the flow shift along overlapping peers. Only the simulator
-passes it (benchmarks/simulate_swarm.py --stagger); docs/balancing.md (nineteenth session) says
-what it gained and why the peer does not use it yet.
+Staggered windows: with `crossing` (layer_view.crossing_throughput: per layer boundary the
+throughput of the tier's windows that cross it), a window's total also counts STAGGER_WEIGHT times
+the crossing of its inner boundaries, so among windows of about equal strength a peer straddles a
+boundary few windows cross. The lowest total of a step-shaped throughput sits at the steps, so
+without it windows abut, and a stretch one large window carries beside a small one is common;
+straddling windows leave fewer short stretches where the max flow runs dry. A window at either end
+of the model counts its layers alone, and a straddle never gives a second server to fewer unguarded
+one-server layers than the abutting window would (_no_more_exposed). Measured in the simulator
+(docs/balancing.md, nineteenth session): +1.9 points of sum(c) / L at 1,000 peers, +0.8 at 200.
 
 Standbys (record `standby`: a slow safety net, usually a CPU) count in the above only as guards
 (guarded_layers): they are no capacity, and no server a move or drain may count on.
@@ -66,6 +67,7 @@ from collections.abc import Sequence
 from routing.flow import bottleneck_layer
 from routing.layer_view import (
     balanced_placement,
+    crossing_throughput,
     guarded_layers,
     layer_counts,
     layer_servers,
@@ -88,8 +90,9 @@ DEFAULT_QUALITY = 0.75
 SOLE_DISCOUNT = 0.5
 
 # A window's inner boundaries count at this share of the throughput crossing them (choose_window's
-# `crossing`). Measured in the simulator at 200 peers, seeds 0-5: 0.5, 1 and 2 gave 84.3, 85.2 and
-# 83.4% of sum(c) / L against 82.1% without (docs/balancing.md, nineteenth session).
+# `crossing`): about as much as its layers' strength, since a boundary inside a window is crossed by
+# about the throughput of its layers. Measured in the simulator at 200 peers, seeds 0-5: 0.5, 1 and 2
+# gave 84.3, 85.2 and 83.4% of sum(c) / L against 82.1% without (docs/balancing.md, nineteenth session).
 STAGGER_WEIGHT = 1.0
 
 # Throughput standing in for "served, but only by peers outside my tier" when real gaps are
@@ -135,7 +138,9 @@ def choose_window(
     lowest = min(throughput)
     if lowest <= 0 and servers is None:
         return _cover_most_gaps(throughput, k)
-    weakest = _weakest_window(throughput, k, lowest, crossing)
+    weakest = _weakest_window(throughput, k, lowest)
+    if crossing is not None:
+        weakest = _no_more_exposed(weakest, _weakest_window(throughput, k, lowest, crossing), servers, guarded)
     if bottleneck is None or not 0 <= bottleneck < total:
         return weakest
     if servers is not None and any(servers[i] == 1 and not (guarded and guarded[i])
@@ -143,7 +148,24 @@ def choose_window(
         return weakest  # a layer one departure from a gap comes first
     # Flow-aware: among the windows holding the max flow's bottleneck (routing.flow), the one
     # with the lowest total strength; capacity anywhere else would not raise the flow.
-    return window_holding(throughput, k, bottleneck, crossing)
+    holding = window_holding(throughput, k, bottleneck)
+    if crossing is None:
+        return holding
+    return _no_more_exposed(holding, window_holding(throughput, k, bottleneck, crossing), servers, guarded)
+
+
+def _no_more_exposed(plain: LayerRange, staggered: LayerRange, servers: Sequence[int] | None,
+                     guarded: Sequence[bool] | None) -> LayerRange:
+    """`staggered`, unless `plain` would give a second server to more layers that have at most one
+    (and no standby guarding them): a straddle must not leave a layer one crash from dark that the
+    abutting window would have covered."""
+    if servers is None or staggered == plain:
+        return staggered
+
+    def exposed(window: LayerRange) -> int:
+        return sum(1 for i in range(window.start, window.end) if servers[i] <= 1 and not (guarded and guarded[i]))
+
+    return staggered if exposed(staggered) >= exposed(plain) else plain
 
 
 def window_holding(throughput: Sequence[float], k: int, layer: int,
@@ -283,7 +305,8 @@ def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:
     placement = balanced_placement(view)
     bottleneck = bottleneck_layer(placement, view.num_layers) if placement else None
     return choose_window(layer_throughput(view, min_layers=num_layers), num_layers, layer_counts(view),
-                         bottleneck=bottleneck, guarded=guarded_layers(view))
+                         bottleneck=bottleneck, guarded=guarded_layers(view),
+                         crossing=crossing_throughput(view, min_layers=num_layers))
 
 
 def should_move(
@@ -315,6 +338,7 @@ def should_move(
         others_staying=staying_throughput(view, without=me),
         thin_limit=thin_threshold(view),  # my capacity stays in the swarm: the mean counts it
         swarm_down=swarm_down(view, current),
+        crossing=crossing_throughput(view, without=me, min_layers=len(current)),
     )
 
 

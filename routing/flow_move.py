@@ -25,7 +25,13 @@ from collections.abc import Sequence
 
 from routing.balance import window_holding
 from routing.flow import feasible, flow_and_bottleneck
-from routing.layer_view import balanced_placement, layer_servers, layer_throughput, staying_throughput
+from routing.layer_view import (
+    balanced_placement,
+    crossing_throughput,
+    layer_servers,
+    layer_throughput,
+    staying_throughput,
+)
 from routing.leaving import leaves_safely, thin_threshold
 from swarm.types import LayerRange, SwarmView
 
@@ -86,9 +92,8 @@ def plan_flow_move(
     `others_staying` / `thin_limit` as in plan_move. `flow` is swarm_flow of the whole placement,
     this peer included: every peer reading one view shares it (a simulator caches it), computed
     here when not given. The move must make that flow feasible `gain` higher (default
-    flow_move_gain of this peer's share). `tier_crossing` (per boundary, the tier's throughput
-    crossing it without this peer) ranks the windows as choose_window's `crossing` does (an
-    experiment: routing.balance's staggered windows).
+    flow_move_gain of this peer's share). `tier_crossing` (layer_view.crossing_throughput of the
+    tier without this peer) ranks the windows as a join's do (routing.balance's staggered windows).
     """
     if not leaves_safely(current, others_online, others_staying, thin_limit):
         return None
@@ -126,4 +131,5 @@ def flow_move(view: SwarmView, me: str, *, since_last_move_s: float | None,
         layer_servers(view, without=me),
         staying_throughput(view, without=me),
         thin_threshold(view),
+        tier_crossing=crossing_throughput(view, without=me, min_layers=len(current)),
     )

@@ -1,6 +1,6 @@
 """Per-layer arrays over a SwarmView: what balancing, drains and standbys count on each layer.
 
-Where a record counts: balancing (layer_throughput, layer_counts, balanced_placement) counts
+Where a record counts: balancing (layer_throughput, crossing_throughput, layer_counts, balanced_placement) counts
 ONLINE and JOINING GPU peers, a mover at its target (COUNTED_STATES, _balanced_layers); the
 servers a move or drain may rely on (layer_servers, staying_throughput) are ONLINE GPU peers on
 the layers they keep (_staying_layers); guarded_layers marks where a standby serves or loads.
@@ -24,6 +24,13 @@ def layer_throughput(view: SwarmView, *, without: str | None = None, min_layers:
     holding at least `min_layers` layers (the tier a peer of that size balances against),
     optionally leaving one out."""
     return _per_layer(view, _balanced_layers, lambda r: r.throughput, 0.0, without, min_layers)
+
+
+def crossing_throughput(view: SwarmView, *, without: str | None = None, min_layers: int = 0) -> list[float]:
+    """Per layer boundary b (before layer b; 0 at b = 0), the throughput of the peers layer_throughput
+    counts whose windows cross it (start < b < end): what a route may shift across b when a peer whose
+    window ends or starts there crashes (routing.balance's staggered windows)."""
+    return _per_layer(view, _balanced_layers, lambda r: r.throughput, 0.0, without, min_layers, inner=True)
 
 
 def layer_servers(view: SwarmView, *, without: str | None = None) -> list[int]:
@@ -60,15 +67,17 @@ def layer_counts(view: SwarmView, *, without: str | None = None) -> list[int]:
 
 
 def _per_layer(view: SwarmView, span_of: Callable[[PeerRecord], LayerRange | None],
-               value: Callable[[PeerRecord], T], zero: T, without: str | None, min_layers: int = 0) -> list[T]:
+               value: Callable[[PeerRecord], T], zero: T, without: str | None, min_layers: int = 0,
+               inner: bool = False) -> list[T]:
     """Per layer, `zero` plus `value(r)` over the records r whose `span_of(r)` holds it (other than
-    `without`, spans of at least `min_layers`)."""
+    `without`, spans of at least `min_layers`); `inner`: per boundary b, over the spans that cross it
+    (hold layers b - 1 and b)."""
     out = [zero] * view.num_layers
     for r in sorted_records(view):  # a fixed order: equal views give bit-identical float sums
         span = span_of(r)
         if span is not None and r.peer_id != without and len(span) >= min_layers:
             add = value(r)
-            for layer in range(span.start, min(span.end, view.num_layers)):
+            for layer in range(span.start + inner, min(span.end, view.num_layers)):
                 out[layer] += add
     return out
 

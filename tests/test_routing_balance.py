@@ -32,7 +32,7 @@ from routing import (
 )
 from routing.balance import STAGGER_WEIGHT, window_total
 from routing.flow import bottleneck_layer, max_flow_throughput, peer_capacities
-from routing.layer_view import guarded_layers
+from routing.layer_view import crossing_throughput, guarded_layers
 from swarm.types import LayerRange, PeerRecord, PeerState
 from tests.routing_helpers import joined_swarm, rec, settle, view
 
@@ -268,12 +268,12 @@ def test_choose_layers_joins_where_the_max_flow_is_short_not_at_the_weakest_laye
     assert max_flow_throughput(v) == pytest.approx(5.0)
     assert bottleneck_layer(peer_capacities(v), 8) == 3
     assert choose_window(layer_throughput(v), 2, layer_counts(v)) == LayerRange(6, 8)
-    assert choose_layers(v, 2) == LayerRange(2, 4)
+    assert choose_layers(v, 2) == LayerRange(3, 5)  # holds layer 3, straddles 4 (the test above)
 
     def flow_with(layers: str) -> float:
         return max_flow_throughput(view(8, *both, rec("new", layers, 5.0)))
 
-    assert flow_with("2:4") > flow_with("6:8") == pytest.approx(5.0)
+    assert flow_with("3:5") > flow_with("6:8") == pytest.approx(5.0)
     # Redundancy first: when the weakest window holds a layer with one server, it wins.
     sole = view(8, rec("a", "0:4", 5.0), rec("c", "4:6", 3.0), rec("d", "4:8", 4.0))
     assert choose_layers(sole, 2) == LayerRange(6, 8)
@@ -281,14 +281,18 @@ def test_choose_layers_joins_where_the_max_flow_is_short_not_at_the_weakest_laye
     assert choose_layers(view(8, rec("a", "0:4", 5.0), rec("c", "4:6", 3.0)), 2) == LayerRange(6, 8)
 
 
+def test_crossing_throughput_counts_the_windows_that_straddle_each_boundary() -> None:
+    v = view(8, rec("a", "0:4", 2.0), rec("j", "2:6", 5.0, state=J), rec("o", "0:8", 9.0, state=OFF),
+             rec("big", "0:8", 1.0))
+    # Boundary b lies before layer b: a crosses 1-3, j (joining) 3-5, big 1-7, o (offline) none.
+    assert crossing_throughput(v) == [0.0, 3.0, 3.0, 8.0, 6.0, 6.0, 1.0, 1.0]
+    assert crossing_throughput(v, without="j") == [0.0, 3.0, 3.0, 3.0, 1.0, 1.0, 1.0, 1.0]
+    assert crossing_throughput(v, min_layers=8) == [0.0] + [1.0] * 7  # the tier of 8-layer windows
+
+
 def crossing_of(placement: list[tuple[str, float]], num_layers: int) -> list[float]:
-    """Per layer boundary b, the throughput of the windows with start < b < end (choose_window's `crossing`)."""
-    out = [0.0] * num_layers
-    for layers, throughput in placement:
-        span = LayerRange.parse(layers)
-        for boundary in range(span.start + 1, span.end):
-            out[boundary] += throughput
-    return out
+    """crossing_throughput of ONLINE peers on `placement` ((layers, throughput) each)."""
+    return crossing_throughput(view(num_layers, *(rec(f"p{i}", layers, thr) for i, (layers, thr) in enumerate(placement))))
 
 
 def test_staggered_windows_straddle_the_boundaries_few_windows_cross() -> None:
@@ -301,7 +305,7 @@ def test_staggered_windows_straddle_the_boundaries_few_windows_cross() -> None:
     assert choose_window(thr, 4, counts) == LayerRange(4, 8)
     # Counting the throughput crossing each window's inner boundaries, the windows straddling 8
     # (crossed by nobody) win over 4:8 (crossed by b at 5, 6, 7); ties: lowest start.
-    assert choose_window(thr, 4, counts, crossing=crossing) == LayerRange(5, 9)
+    assert choose_window(thr, 4, counts, crossing=crossing) == LayerRange(5, 9) == choose_layers(v, 4)
     # A window at either end of the model counts its layers alone: its end layers have no other
     # window that could hold them (staggered away, they would lose a server).
     ones = [1.0] * 16
@@ -310,6 +314,18 @@ def test_staggered_windows_straddle_the_boundaries_few_windows_cross() -> None:
     weak_start = [("0:4", 6.0), *placed[1:]]
     v = view(16, *(rec(name, layers, thr) for name, (layers, thr) in zip("abcd", weak_start)))
     assert choose_window(layer_throughput(v), 4, layer_counts(v), crossing=crossing_of(weak_start, 16)) == LayerRange(0, 4)
+
+
+def test_a_straddle_never_leaves_a_one_server_layer_the_abutting_window_would_double() -> None:
+    # b alone holds 4:8 (strength 15, the weakest); every other layer has two servers. Ranked with
+    # crossings alone, 1:5 wins (it straddles the boundary at 4, which nobody crosses), but it would
+    # give a second server to one of b's layers where 4:8 gives one to all four: the joiner takes 4:8.
+    v = view(16, rec("a", "0:4", 10.0), rec("a2", "0:4", 10.0), rec("b", "4:8", 30.0), rec("c", "8:12", 10.0),
+             rec("e", "8:12", 10.0), rec("d", "12:16", 10.0), rec("d2", "12:16", 10.0))
+    thr, counts, crossing = layer_throughput(v), layer_counts(v), crossing_throughput(v)
+    ranked = strengths(thr, counts)
+    assert min(range(1, 5), key=lambda s: window_total(ranked, s, 4, crossing)) == 1
+    assert choose_window(thr, 4, counts, crossing=crossing) == LayerRange(4, 8) == choose_layers(v, 4)
 
 
 def test_a_staggered_join_at_the_bottleneck_lets_the_flow_shift_across_a_boundary() -> None:
