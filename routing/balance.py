@@ -44,9 +44,11 @@ the crossing of its inner boundaries, so among windows of about equal strength a
 boundary few windows cross. The lowest total of a step-shaped throughput sits at the steps, so
 without it windows abut, and a stretch one large window carries beside a small one is common;
 straddling windows leave fewer short stretches where the max flow runs dry. A window at either end
-of the model counts its layers alone, and a straddle never gives a second server to fewer unguarded
-one-server layers than the abutting window would (_no_more_exposed). Measured in the simulator
-(docs/balancing.md, nineteenth session): +1.9 points of sum(c) / L at 1,000 peers, +0.8 at 200.
+of the model counts its layers alone, and in joins and strength moves a straddle never gives a
+second server to fewer unguarded one-server layers than the abutting window would
+(_no_more_exposed; a flow move must hold the bottleneck and raise the max flow, routing.flow_move).
+Measured in the simulator (docs/balancing.md, nineteenth session): +1.2 points of sum(c) / L at
+1,000 peers on every seed of four, +0.8 at 200; a few more gaps in small swarms at 20-30%/h churn.
 
 Standbys (record `standby`: a slow safety net, usually a CPU) count in the above only as guards
 (guarded_layers): they are no capacity, and no server a move or drain may count on.
