@@ -66,6 +66,16 @@ def test_installed_metadata_is_current() -> None:
     )
 
 
+def test_no_other_installed_distribution_ships_our_package_names() -> None:
+    # transformers 5.25 pulled in Hugging Face's `kernels`, which installs a top-level `kernels` as
+    # ours does: one overwrites the other's files, and transformers imported ours and failed.
+    clashes = {name: sorted(set(found) - {"layerswarm"})
+               for name, found in metadata.packages_distributions().items() if name in PACKAGES}
+    clashes = {name: others for name, others in clashes.items() if others}
+    assert not clashes, (f"installed distributions ship our package names: {clashes}; pin the "
+                         "dependency that pulls them in (pyproject.toml) and reinstall: make venv")
+
+
 def test_every_runtime_import_is_declared() -> None:
     declared = {_canonical(r.name) for r in _runtime_requirements()}
     providers = metadata.packages_distributions()
