@@ -10,6 +10,13 @@ both used to live on with parent 1, holding ~250 MB and the node's port. Two gua
 * p2pd is started with PR_SET_PDEATHSIG = SIGKILL (Linux), so it dies with the DHT child,
   whether the child exits cleanly, by the watchdog, or is killed itself. p2pd is forked from the
   DHT child's event-loop thread, which lives as long as the child.
+
+The other way round, a killed DHT child must not take the process that started it down: hivemind's
+MPFuture shares multiprocessing locks between a process and every DHT child it forks. A child killed
+while it held one (SIGKILL between its reply and the release, or hivemind's own `terminate()` after
+a slow shutdown) left it held for ever, and every node started later in that process hung on its
+first reply and never became ready (CI, 2026-12-03: 70 tests failed after one such kill). Before
+each fork the locks are checked and a stale one is replaced.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import asyncio.subprocess
 import ctypes
 import functools
 import logging
+import multiprocessing as mp
 import os
 import signal
 import sys
@@ -25,10 +33,16 @@ import threading
 import time
 
 import hivemind
+from hivemind.utils.mpfuture import MPFuture, SharedBytes
 
 logger = logging.getLogger(__name__)
 
 PARENT_POLL_SECONDS = 0.25
+# A holder keeps these locks for one small pipe write or a dict update (microseconds); one not free
+# after a second belongs to a process that died holding it.
+STALE_LOCK_SECONDS = 1.0
+# hivemind's process-shared locks, inherited by every DHT child: (class, attribute).
+_SHARED_LOCKS = ((MPFuture, "_update_lock"), (MPFuture, "_initialization_lock"), (SharedBytes, "_lock"))
 _PR_SET_PDEATHSIG = 1
 
 
@@ -56,11 +70,31 @@ def watch_parent(parent_pid: int, on_orphaned=None, poll: float = PARENT_POLL_SE
     return thread
 
 
+def replace_stale_shared_locks(wait: float = STALE_LOCK_SECONDS) -> list[str]:
+    """Give hivemind a fresh lock for each shared lock nobody releases within `wait` s; their names.
+
+    Children forked afterwards inherit the fresh locks. A live child that still holds the old one is
+    unaffected: it was stuck already if the old lock was.
+    """
+    replaced = []
+    for owner, name in _SHARED_LOCKS:
+        lock = getattr(owner, name)
+        if lock.acquire(timeout=wait):
+            lock.release()
+            continue
+        setattr(owner, name, mp.Lock())
+        replaced.append(f"{owner.__name__}.{name}")
+    if replaced:
+        logger.warning("a DHT child died holding %s; replaced before starting the next node", ", ".join(replaced))
+    return replaced
+
+
 class GuardedDHT(hivemind.DHT):
     """hivemind.DHT whose child process (and p2pd) dies with the process that created it."""
 
     def __init__(self, *args, **kwargs) -> None:
         self._creator_pid = os.getpid()
+        replace_stale_shared_locks()  # before hivemind makes its first MPFuture (its ready signal)
         super().__init__(*args, **kwargs)
 
     def run(self) -> None:  # runs in the forked child

@@ -101,6 +101,39 @@ def test_p2pd_dies_with_a_killed_dht_child(swarm_node_factory) -> None:
     assert not [h for h in helpers if _alive(h)], "p2pd outlived its DHT process"
 
 
+# Run in its own interpreter: if the guard regressed, the stuck lock would hang every later node of
+# the process that ran it, here only this script's.
+_KILLED_HOLDING_A_LOCK = """
+import os, signal, time
+from hivemind.utils.mpfuture import MPFuture
+from swarm.dht import SwarmNode
+
+async def take_the_reply_lock(dht, node):
+    MPFuture._update_lock.acquire()  # the child's own reply then waits on it: held until the kill
+
+first = SwarmNode()
+first.dht.run_coroutine(take_the_reply_lock, return_future=True)
+deadline = time.monotonic() + 10
+while MPFuture._update_lock.acquire(timeout=0.1) and time.monotonic() < deadline:
+    MPFuture._update_lock.release()  # not taken yet
+os.kill(first.dht.pid, signal.SIGKILL)
+first.dht.join(10)
+second = SwarmNode(start_timeout=20)
+print("second node ready", second.peer_id != first.peer_id)
+second.shutdown()
+"""
+
+
+def test_a_dht_child_killed_holding_a_shared_lock_does_not_stop_the_next_node() -> None:
+    """hivemind's MPFuture locks are shared with every forked DHT child; one killed holding one used to
+    leave every later node of that process unable to become ready (CI, 2026-12-03)."""
+    result = subprocess.run([sys.executable, "-c", _KILLED_HOLDING_A_LOCK], capture_output=True, text=True,
+                            timeout=90)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "second node ready True" in result.stdout
+    assert "died holding MPFuture._update_lock" in result.stderr
+
+
 @pytest.mark.slow
 def test_demo_stops_everything_on_sigterm(demo_model, tmp_path) -> None:
     """SIGTERM to `make demo` (client/demo.py --stay) stops its DHT node, peers and monitor, as Ctrl-C does."""
