@@ -105,6 +105,7 @@ from routing import (
     swarm_flow,
 )
 from routing.flow import bottleneck_layer, max_flow_of
+from routing.flow_move import MOVER_SHARE_GAIN, flow_move_gain
 from routing.spread import flow_weights, full_flows
 from routing.standby import EXPOSED_GAP, STANDBY_MARGIN, exposure, load_order
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
@@ -171,6 +172,7 @@ class SimConfig:
     flow_moves: bool = True  # a peer that should_move keeps in place may move for the max flow (routing.flow_move)
     flow_move_gain: float | None = None  # None: routing.flow_move_gain (the mover's share); a share: that, for every peer
     flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
+    mover_share_gain: float = MOVER_SHARE_GAIN  # with flow_move_gain None: the multiple of the mover's share
     crash_watch: bool = True  # a serving peer's crash is seen after CRASH_SEEN_S, not at record expiry
     vanished_share: float = 0.5  # share of abrupt departures that are vanished hosts, seen after vanished_seen_s
     vanished_seen_s: float = VANISHED_SEEN_S
@@ -491,8 +493,12 @@ def simulate(cfg: SimConfig) -> SimResult:
                 placed = [(q.layers, q.thr * q.k) for q in counted_peers]
                 view_flow[:] = [swarm.placements, swarm_flow(placed, num_layers)]
             others_placed = [(q.layers, q.thr * q.k) for q in counted_peers if q is not p]
+            gain = cfg.flow_move_gain
+            if gain is None:
+                total = p.thr * p.k + sum(c for _, c in others_placed)
+                gain = flow_move_gain(p.thr * p.k, total, cfg.mover_share_gain)
             target = plan_flow_move(others_placed, num_layers, p.layers, p.thr * p.k, others, online, staying,
-                                    swarm.thin_limit(), view_flow[1], cfg.flow_move_gain, tier_crossing=crossing)
+                                    swarm.thin_limit(), view_flow[1], gain, tier_crossing=crossing)
         if target is None:
             return False
         # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
@@ -861,7 +867,10 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="running peers move only by should_move's strength rule, never for the max flow (the rule before)")
     ap.add_argument("--flow-move-gain", type=float, default=None,
                     help="a fixed share by which every flow move must raise the swarm's max flow (default: "
-                         "routing.flow_move_gain, twice the mover's capacity share within 0.05-1%%; 0.01 is the rule before)")
+                         "routing.flow_move_gain, --mover-share-gain times the mover's capacity share within 0.05-1%%; 0.01 is the rule before)")
+    ap.add_argument("--mover-share-gain", type=float, default=MOVER_SHARE_GAIN,
+                    help="without --flow-move-gain: how many times its capacity share a flow move must raise the max flow "
+                         "(routing.MOVER_SHARE_GAIN; 2 with --flow-move-cooldown 4500 is the rule before)")
     ap.add_argument("--flow-move-cooldown", type=float, default=FLOW_MOVE_COOLDOWN_S,
                     help="seconds after its last move before a peer may make a flow move (routing.FLOW_MOVE_COOLDOWN_S)")
     ap.add_argument("--standby-moves-in-use", action="store_true",
@@ -918,6 +927,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
+                    mover_share_gain=a.mover_share_gain,
                     crash_watch=not a.no_crash_watch, vanished_share=a.vanished_share,
                     vanished_seen_s=a.vanished_seen_s, standby_stays_in_use=not a.standby_moves_in_use,
                     small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,

@@ -19,7 +19,7 @@ from routing import (
     should_move,
 )
 from routing.flow import capacity_bound
-from routing.flow_move import FLOW_TOLERANCE
+from routing.flow_move import FLOW_TOLERANCE, MOVER_SHARE_GAIN
 from routing.layer_view import balanced_placement
 from swarm.types import LayerRange
 from tests.routing_helpers import joined_swarm, rec, settle, view
@@ -51,24 +51,25 @@ def test_a_peer_the_strength_rule_keeps_moves_where_the_max_flow_runs_dry() -> N
 
 def test_the_gain_a_flow_move_needs_scales_with_the_movers_share() -> None:
     assert flow_move_gain(1.0, 10.0) == FLOW_MOVE_GAIN  # a tenth of the swarm: the cap
-    assert flow_move_gain(1.0, 1000.0) == pytest.approx(0.002)  # twice its share
+    assert flow_move_gain(1.0, 1000.0) == pytest.approx(MOVER_SHARE_GAIN * 0.001)  # a multiple of its share
     assert flow_move_gain(1.0, 1e6) == FLOW_MOVE_GAIN_FLOOR
     assert FLOW_MOVE_GAIN_FLOOR >= 10 * FLOW_TOLERANCE  # a move that passes raises the true flow
-    # A big swarm: layers 4:8 hold 199 tokens/s, 0:4 201 (a among them), 8:12 a surplus of fast peers.
-    # a (0.14% of the capacity) moving to 4:8 raises the max flow by 0.5%: more than its gain (0.29%),
+    # A big swarm: layers 4:8 hold 199 tokens/s, 0:4 201 (a among them), 8:16 a surplus of fast peers.
+    # a (0.077% of the capacity) moving to 4:8 raises the max flow by 0.5%: more than its gain (0.31%),
     # less than a fixed 1%, which at 1,000 peers no move ever reached (docs/balancing.md).
     records = [rec("a", "0:4", 1.0), *(rec(f"p{i}", "0:4", 2.0) for i in range(100)),
                rec("q", "4:8", 1.0), *(rec(f"r{i}", "4:8", 2.0) for i in range(99)),
-               *(rec(f"s{i}", "8:12", 100.0) for i in range(3))]
-    big = view(12, *records)
-    assert flow_move_gain(4.0, capacity_bound(big) * 12) == pytest.approx(2 * 4 / 2800)
+               *(rec(f"s{i}", "8:12", 100.0) for i in range(3)), *(rec(f"t{i}", "12:16", 200.0) for i in range(3))]
+    big = view(16, *records)
+    assert flow_move_gain(4.0, capacity_bound(big) * 16) == pytest.approx(MOVER_SHARE_GAIN * 4 / 5200)
+    assert flow_move_gain(4.0, capacity_bound(big) * 16) < 0.005 < FLOW_MOVE_GAIN
     target = flow_move(big, "a", since_last_move_s=None)
     assert target == LayerRange(5, 9)  # holds the bottleneck, straddles the boundary at 8 (staggered windows)
-    moved = view(12, rec("a", str(target), 1.0), *records[1:])
+    moved = view(16, rec("a", str(target), 1.0), *records[1:])
     assert max_flow_throughput(moved) == pytest.approx(max_flow_throughput(big) * 200 / 199)
     others = balanced_placement(big, without="a")
     tier, online = layer_throughput(big, without="a", min_layers=4), layer_servers(big, without="a")
-    assert plan_flow_move(others, 12, LayerRange(0, 4), 4.0, tier, online, gain=FLOW_MOVE_GAIN) is None
+    assert plan_flow_move(others, 16, LayerRange(0, 4), 4.0, tier, online, gain=FLOW_MOVE_GAIN) is None
 
 
 def test_a_flow_move_waits_for_the_cooldown_and_leaves_nothing_dark_or_thin() -> None:

@@ -17,6 +17,9 @@ SEEN_AFTER_5_S = dict(vanished_share=1.0, vanished_seen_s=5.0)
 # stay the cases they were tuned on: in these 60-120-peer swarms at 20-30%/h churn staggering moves
 # single gaps between seeds and opens a few more (docs/balancing.md, nineteenth session).
 ABUTTING = dict(stagger=False)
+# Tests calibrated before the twenty-first session's flow moves (four times the mover's share, every
+# 45 minutes) pin the rule before (twice the share, every 75 minutes), for the same reason.
+FLOW_MOVES_75_MIN = dict(mover_share_gain=2.0, flow_move_cooldown_s=4500.0)
 
 
 def test_small_swarm_for_one_hour_stays_covered() -> None:
@@ -109,7 +112,7 @@ def test_tiers_raise_the_max_flow_and_the_warm_up_is_not_measured() -> None:
 def test_standbys_serve_the_layers_an_abrupt_crash_leaves_dark() -> None:
     # Seeds 0, 3, 5, 6: without standbys a sole server's crash leaves layers dark for a reload.
     for seed in (0, 3, 5, 6):
-        cfg = dict(**ABUTTING, peers=60, hours=1.0, seed=seed, churn=0.3, redundancy=2.0, graceful=0.0,
+        cfg = dict(**ABUTTING, **FLOW_MOVES_75_MIN, peers=60, hours=1.0, seed=seed, churn=0.3, redundancy=2.0, graceful=0.0,
                    crash_watch=False)
         # Without the guard discount the GPU peers ignore standbys entirely: a paired comparison.
         bare, guarded = simulate(SimConfig(**cfg)), simulate(SimConfig(**cfg, standby_share=0.3, guard_discount=False))
@@ -153,17 +156,23 @@ def test_standby_guards_lift_the_discount_and_thin_layers_hold_drains_and_moves(
 
 def test_flow_moves_raise_the_max_flow_within_the_move_budget() -> None:
     # The swarm of the test above. Peers that the strength rule keeps in place move to where the
-    # max flow runs dry (routing.flow_move), at most every 75 minutes: seeds 0 / 3 80 / 81% vs 76 /
-    # 75% of the bound. Not every draw of this small swarm gains (seed 1: 76.3% vs 76.7%); at 200 and
-    # 1,000 peers nearly every seed measured did (docs/balancing.md).
+    # max flow runs dry (routing.flow_move), at most every 45 minutes: seeds 0-3 76.4 / 75.2 / 84.6 /
+    # 86.2% vs 76.0 / 75.2 / 75.8 / 72.7% of the bound, +5.7 points on average (75 minutes and half
+    # the gain, the rule before: +4.8). Single draws of this small swarm vary (seeds 0 and 1 gain
+    # nothing); at 200 and 1,000 peers nearly every seed measured does (docs/balancing.md).
     cfg = dict(peers=120, hours=1.0, warmup_hours=1.0, graceful=0.5, redundancy=2.0, standby_share=0.3,
                route_period_s=120, crash_watch=False, small_first_always=True, react_clean_first=False)
-    for seed in (0, 3):
+    gains, rates, extra_moves = [], [], 0
+    for seed in range(4):
         flow, strength_only = simulate(SimConfig(**cfg, seed=seed)), simulate(SimConfig(**cfg, seed=seed, flow_moves=False))
         assert flow.flow_vs_bound_mean is not None and strength_only.flow_vs_bound_mean is not None
-        assert flow.flow_vs_bound_mean > strength_only.flow_vs_bound_mean + 0.03
-        assert flow.migrations > strength_only.migrations and flow.migrations_per_peer_hour < 1.0
+        assert flow.flow_vs_bound_mean > strength_only.flow_vs_bound_mean - 0.005, seed  # never a real loss
         assert flow.coverage_time_fraction == 1.0
+        gains.append(flow.flow_vs_bound_mean - strength_only.flow_vs_bound_mean)
+        rates.append(flow.migrations_per_peer_hour)
+        extra_moves += flow.migrations - strength_only.migrations
+    assert sum(gains) / len(gains) > 0.03, gains
+    assert extra_moves > 0 and sum(rates) / len(rates) < 1.0, rates
 
 
 def test_the_crash_watch_shortens_what_a_crash_costs() -> None:
@@ -219,7 +228,7 @@ def test_the_largest_peers_refill_thin_layers_in_fewer_moves() -> None:
     moves = {True: 0.0, False: 0.0}  # small first always -> moves per peer-hour, summed
     flow = {True: 0.0, False: 0.0}
     for seed in (3, 5, 6):
-        cfg = dict(**SEEN_AFTER_5_S, **ABUTTING, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2,
+        cfg = dict(**SEEN_AFTER_5_S, **ABUTTING, **FLOW_MOVES_75_MIN, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2,
                    redundancy=2.0, graceful=0.5, standby_share=0.3, route_period_s=120, react_clean_first=False)
         for always in (True, False):
             r = simulate(SimConfig(**cfg, small_first_always=always))
@@ -239,7 +248,7 @@ def test_moves_from_disk_end_drains_sooner_and_keep_the_swarm_stronger() -> None
     flow = {None: 0.0, 2.0: 0.0}
     drain = {None: 0.0, 2.0: 0.0}
     for seed in (3, 5, 6):
-        cfg = dict(**SEEN_AFTER_5_S, **ABUTTING, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2,
+        cfg = dict(**SEEN_AFTER_5_S, **ABUTTING, **FLOW_MOVES_75_MIN, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2,
                    redundancy=2.0, graceful=0.5, standby_share=0.3, route_period_s=120)
         for move_load in (None, 2.0):
             r = simulate(SimConfig(**cfg, move_load_s_per_layer=move_load))
@@ -316,7 +325,7 @@ def test_peers_that_serve_each_layer_as_it_arrives_keep_the_swarm_stronger() -> 
     minute, so every peer that crashed or moved mid-load removed exactly what it had added."""
     flow = {False: 0.0, True: 0.0}
     for seed in (0, 1, 2):
-        cfg = dict(**SEEN_AFTER_5_S, **ABUTTING, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2,
+        cfg = dict(**SEEN_AFTER_5_S, **ABUTTING, **FLOW_MOVES_75_MIN, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2,
                    redundancy=2.0, graceful=0.5, standby_share=0.3, route_period_s=120, move_load_s_per_layer=2.0,
                    prefetch_s=1200, standby_by_layer=True, check_arrays=True)
         whole, by_layer = simulate(SimConfig(**cfg)), simulate(SimConfig(**cfg, serve_by_layer=True))
