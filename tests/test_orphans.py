@@ -114,8 +114,9 @@ async def take_the_reply_lock(dht, node):
 first = SwarmNode()
 first.dht.run_coroutine(take_the_reply_lock, return_future=True)
 deadline = time.monotonic() + 10
-while MPFuture._update_lock.acquire(timeout=0.1) and time.monotonic() < deadline:
+while time.monotonic() < deadline and MPFuture._update_lock.acquire(timeout=0.1):
     MPFuture._update_lock.release()  # not taken yet
+assert time.monotonic() < deadline, "the DHT child never took the lock: nothing is tested"
 os.kill(first.dht.pid, signal.SIGKILL)
 first.dht.join(10)
 second = SwarmNode(start_timeout=20)
