@@ -20,7 +20,7 @@ Only `swarm.types` is imported from the rest of the project.
              thin layers); when a move may start or go on (a swarm that is down lets a sole
              server shift into the gap); when a draining peer may leave; who reacts a step later.
 - flow_move.py flow_move (array-level: plan_flow_move): a running peer moves to where the
-             max flow runs dry when that raises it by flow_move_gain (its capacity share, x2,
+             max flow runs dry when that raises it by flow_move_gain (its capacity share, x4,
              within 0.05-1%), at most once per FLOW_MOVE_COOLDOWN_S (after should_move says
              stay); swarm_flow: the one max flow per view those checks share.
 - standby.py standby_layers (standby_window, exposure): where a standby guards the layers one
