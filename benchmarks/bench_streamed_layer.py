@@ -51,7 +51,7 @@ def decode_matmuls(x: torch.Tensor, w: Callable[[int], torch.Tensor]) -> torch.T
     """One decode step's weight matmuls (attention's output stands in for the attention itself);
     `w(i)` gives weight i ready to multiply (the streamed path waits for its copy there)."""
     q = x @ w(0)
-    x @ w(1)
+    x @ w(1)  # k and v: multiplied for their cost, their attention left out
     x @ w(2)
     h = x + q @ w(3)
     return h + (F.silu(h @ w(4)) * (h @ w(5))) @ w(6)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             return weight(buffers, i)
         return decode_matmuls(x, ready)
 
-    def timed_ms(step, x: torch.Tensor) -> float:
+    def timed_ms(step: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
         for _ in range(3):
             step(x)
         if device.type == "cuda":
