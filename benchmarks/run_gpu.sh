@@ -4,10 +4,12 @@
 # ../shared/gpu/fetch-wheels.sh) may sit in .whl/; they are installed into /tmp/site first.
 #
 #   bash benchmarks/run_gpu.sh [tests] [bench-kernels] [bench-swarm SETUPS] [breakdown] [bench-quant] [bench-growing]
+#                              [bench-standby QUANT]
 #
 # bench-swarm and breakdown share one random Llama-2-7B-shaped checkpoint ($CKPT, written once).
 # Everything is written under $OUT (default benchmarks/results/gpu): test log, benchmark logs, JSON.
-# Each step has a time limit in seconds (T_TESTS, T_KERNELS, T_SWARM, T_BREAKDOWN, T_QUANT, T_GROWING) so one call fits a lease;
+# Each step has a time limit in seconds (T_TESTS, T_KERNELS, T_SWARM, T_BREAKDOWN, T_QUANT, T_GROWING, T_STANDBY)
+# so one call fits a lease;
 # TEST_FILES picks the test files of the `tests` step (default: every GPU test file).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
     tests)
       # -v: a step cut by its time limit still shows which tests passed.
       timeout "${T_TESTS:-420}" python3 -m pytest -v -rs -m gpu -p no:cacheprovider -o addopts="" --durations=15 \
-        ${TEST_FILES:-tests/test_gpu_serving.py tests/test_kernels_attention.py tests/test_kernels_fused.py tests/test_kernels_quant.py} \
+        ${TEST_FILES:-tests/test_gpu_serving.py tests/test_gpu_streaming.py tests/test_kernels_attention.py tests/test_kernels_fused.py tests/test_kernels_quant.py} \
         2>&1 | tee "$OUT/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|s (call|setup)" | tail -80 ;;
     bench-kernels)
       timeout "${T_KERNELS:-300}" python3 benchmarks/bench_gpu.py --steps 30 --no-hf 2>&1 | tee "$OUT/bench_gpu.log" | tail -20 ;;
@@ -45,6 +47,10 @@ while [ $# -gt 0 ]; do
       timeout "${T_QUANT:-300}" python3 benchmarks/bench_quant_kernels.py ${QUANT_ARGS:-} 2>&1 | tee "$OUT/bench_quant.log" | tail -40 ;;
     bench-growing)
       timeout "${T_GROWING:-240}" python3 benchmarks/bench_growing.py 2>&1 | tee "$OUT/bench_growing.log" | tail -12 ;;
+    bench-standby)
+      shift
+      timeout "${T_STANDBY:-300}" python3 benchmarks/bench_streamed_standby.py --stream-quant "$1" ${STANDBY_ARGS:-} 2>&1 \
+        | tee "$OUT/bench_streamed_standby_$1.log" | tail -10 ;;
     *) echo "unknown step $1" >&2; exit 2 ;;
   esac
   shift

@@ -80,8 +80,10 @@ async def choose_initial_layers(placement: Placement) -> tuple[LayerRange, list[
     (docs/balancing.md, fifteenth session)."""
     cfg = placement.config
     total = placement.model_config.num_layers
-    count = cfg.num_layers or layers_that_fit(placement.model_config, DTYPES[cfg.dtype], cfg.device,
-                                              cfg.cache_tokens, cfg.quant, cfg.quant_group_size)
+    # Streamed weights (--stream-weights) fill host memory; their KV cache is on the device.
+    count = cfg.num_layers or layers_that_fit(placement.model_config, DTYPES[cfg.dtype], cfg.weights_device,
+                                              0 if cfg.stream_weights else cfg.cache_tokens, cfg.quant,
+                                              cfg.quant_group_size)
     view = await placement.fetch_view()
     if cfg.standby:
         layers = standby_layers(view, placement.peer_id(), min(count, total), machines(view, placement))

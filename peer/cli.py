@@ -218,6 +218,7 @@ def serve(
     move_mode: Annotated[str, typer.Option(help="How a move loads its new layers: beside (keep serving the old ones meanwhile; needs memory for both), in-place (free the old ones first), or auto (beside when free memory holds the new ones).")] = "auto",
     prefetch: Annotated[bool, typer.Option(help="For a Hub --model on a self-placing peer (or standby): once serving, download every layer's weight files into the HF cache in the background, when its disk has 1.5x the checkpoint's size free, so later moves load from disk instead of the network (a move's load is a window in which the swarm is weaker). Off: each move downloads its own layers.")] = True,
     standby: Annotated[bool, typer.Option("--standby", help="Serve as a standby: a slow safety net (e.g. with --device cpu and host memory) that places itself on the layers only one other peer serves and moves as those change. Clients route through it only when that peer is gone, so a crash leaves slow layers instead of a gap; other peers' balancing ignores it. Self-placing: not with --layers.")] = False,
+    stream_weights: Annotated[bool, typer.Option("--stream-weights", help="With --device cuda: keep the weights in (pinned) host memory and copy them to the GPU a layer at a time at every step, so only two layers' weights and the KV cache take GPU memory. A step then costs the copy of its layers' weights, about constant in the batch (an int8 70B layer: ~17 ms on PCIe 5). Meant for a --standby on a GPU whose memory its own peer holds: the standby then carries a real share of the traffic while it is some layer's only server, instead of a CPU's trickle. Use --quant int8 to halve the bytes copied.")] = False,
     initial_peers: InitialPeers = None,
     model_name: Annotated[str | None, typer.Option(help="Name of the model in the DHT. Default: the Hub repo id, or the checkpoint folder's name.")] = None,
     host_maddrs: HostMaddrs = None,
@@ -295,6 +296,9 @@ def serve(
         raise typer.BadParameter("must be in (0, 1]", param_hint="--max-client-pages-fraction")
     addresses = check_addresses(initial_peers, host_maddrs, announce_maddrs, public_ip, port)
     check_device(device)
+    if stream_weights and not device.startswith("cuda"):
+        raise typer.BadParameter("streams weights from host memory to a GPU: add --device cuda (on a CPU the "
+                                 "weights are in host memory already)", param_hint="--stream-weights")
     # A fixed range's files are fetched now, before joining; a self-placing peer's once its range is chosen.
     source = resolve_checked(model, revision, layer_range, num_layers, weights=not dry_run and layer_range is not None)
     quant, quant_group_size = checkpoint_quant(source.path, quant, quant_group_size)  # a quantized --model fixes them
@@ -306,6 +310,7 @@ def serve(
         balance_quality=balance_quality,
         move_mode=move_mode,
         standby=standby,
+        stream_weights=stream_weights,
         model_name=model_name or source.default_name,
         model_repo=source.repo_id,
         revision=revision,

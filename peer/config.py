@@ -87,8 +87,16 @@ class PeerConfig:
     # A slow safety net (swarm-peer serve --standby): self-places on the layers one crash would
     # leave dark (routing.standby_layers); others' balancing ignores it, clients use it last.
     standby: bool = False
+    # Keep the weights in host memory and copy them to the device a layer at a time at every step
+    # (--stream-weights, shards.streaming): a standby on its host's GPU, beside the host's own peer.
+    stream_weights: bool = False
     faulty: FaultyOutputs | None = None  # TEST ONLY: a lying peer, to exercise client verification
     limits: ServingLimits = field(default_factory=ServingLimits)
+
+    @property
+    def weights_device(self) -> str:
+        """Where the layers' weights live: the device, or host memory when they are streamed."""
+        return "cpu" if self.stream_weights else self.device
 
     @property
     def num_pages(self) -> int:

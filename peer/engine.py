@@ -72,7 +72,8 @@ class ServingEngine:
         may run on another thread meanwhile (a growing engine's partial range, on its chain)."""
         if not self._graphable():
             if self.shard.device.type == "cuda":  # said once per engine, at its whole-range capture
-                logger.info("decode graphs are not available for this model family; decoding eagerly")
+                why = "the weights are streamed" if self.shard.streamer is not None else "not available for this model family"
+                logger.info("no decode graphs (%s); decoding eagerly", why)
             return None
         graphs = DecodeGraphs(self.shard, self.cache, max_pages_per_seq=-(-max_length // self.page_size))
         started = time.perf_counter()
@@ -97,6 +98,7 @@ class ServingEngine:
         graphs: bool = True,
         order: Sequence[int] | None = None,
         on_grow: Callable[[ServingEngine, LayerRange], None] | None = None,
+        stream_weights: bool = False,
     ) -> ServingEngine:
         """Load (and quantize) layers `layers`, allocate the cache, capture graphs. Blocking: call off the loop.
 
@@ -107,10 +109,23 @@ class ServingEngine:
         are captured before it is served (`chain`: a partial range replays them one after another),
         and the whole range's once the last layer is there, while the engine serves on (`replays`
         turns true when they are set; the chain is dropped then).
+
+        `stream_weights`: the weights load (and quantize) in host memory and stay there; each forward
+        copies them to `device` a layer at a time (Shard.stream_to), with no decode graphs.
         """
+        load_device = "cpu" if stream_weights else device
+
+        def stream(shard: Shard, layer: int) -> None:
+            if shard.streamer is None:
+                shard.stream_to(device)
+            shard.stream_layer(layer)
+
         if on_grow is None:
-            shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=device)
+            shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=load_device)
             quantize_shard(shard, quant, quant_group_size)
+            if stream_weights:
+                for layer in range(layers.start, layers.end):
+                    stream(shard, layer)
             return cls(shard, num_pages, page_size, max_length, graphs=graphs)
         check_quant(quant, quant_group_size)  # before any load
         loaded: list[int] = []
@@ -119,6 +134,8 @@ class ServingEngine:
         def arrived(shard: Shard, layer: int) -> None:
             if quant != "none":
                 quantize_block(shard.blocks[layer - shard.start], quant, quant_group_size)
+            if stream_weights:
+                stream(shard, layer)
             loaded.append(layer)
             served = LayerRange(min(loaded), max(loaded) + 1)
             if len(served) != len(loaded):
@@ -136,8 +153,8 @@ class ServingEngine:
             engine.served = served
             on_grow(engine, served)
 
-        shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=device, order=order,
-                                      on_layer=arrived)
+        shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=load_device,
+                                      order=order, on_layer=arrived)
         if quant != "none":
             shard.quant = quant  # type: ignore[attr-defined]
         engine = grown[0]

@@ -218,9 +218,13 @@ class Moves:
         cfg = self.config
         if cfg.move_mode != "auto":
             return cfg.move_mode == "beside"
-        need = memory_plan(self.model_config, len(target), cfg.quant, DTYPES[cfg.dtype], self.num_pages * cfg.page_size,
-                           cfg.quant_group_size)["total_bytes"]
-        return int(need) <= available_bytes(cfg.device) * HEADROOM
+        plan = memory_plan(self.model_config, len(target), cfg.quant, DTYPES[cfg.dtype], self.num_pages * cfg.page_size,
+                           cfg.quant_group_size)
+        if cfg.stream_weights:  # the weights go to host memory; the cache and two layers' slots to the device
+            on_device = int(plan["kv_cache_bytes"]) + 2 * int(plan["weight_bytes_per_layer"])
+            return (int(plan["weight_bytes"]) <= available_bytes("cpu") * HEADROOM
+                    and on_device <= available_bytes(cfg.device) * HEADROOM)
+        return int(plan["total_bytes"]) <= available_bytes(cfg.device) * HEADROOM
 
     def _release_engine(self) -> None:
         """(On the compute thread, between batches.) Drop the engine so its memory can be reused."""

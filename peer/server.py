@@ -253,15 +253,16 @@ class PeerServer(Moves):
                 str(cfg.model_path), layers, dtype=DTYPES[cfg.dtype], device=cfg.device, quant=cfg.quant,
                 quant_group_size=cfg.quant_group_size, num_pages=self.num_pages, page_size=cfg.page_size,
                 max_length=cfg.limits.max_length, graphs=cfg.cuda_graphs, order=order,
-                on_grow=grew if on_grow is not None else None,
+                on_grow=grew if on_grow is not None else None, stream_weights=cfg.stream_weights,
             )
             if layer_speed:
                 return engine, layer_speed[0] / len(layers)
             return engine, engine.measure_throughput()
 
         engine, throughput = await asyncio.get_running_loop().run_in_executor(None, build)
-        logger.info("throughput: %.1f tokens/s through %d layers (%s)", throughput, len(layers),
-                    "CUDA graphs" if engine.graphs is not None else "eager")
+        path = "CUDA graphs" if engine.graphs is not None else "eager"
+        logger.info("throughput: %.1f tokens/s through %d layers (%s%s)", throughput, len(layers), path,
+                    ", weights streamed from host memory" if cfg.stream_weights else "")
         return engine, throughput
 
     def _pool_pages(self, layers: LayerRange) -> int:
@@ -279,7 +280,9 @@ class PeerServer(Moves):
             per_token += self.model_config.hidden_size * torch.empty((), dtype=dtype).element_size()
         free = available_bytes(cfg.device)
         if cfg.device.startswith("cuda"):  # the weights are not loaded yet: leave room for them
-            free -= memory_plan(self.model_config, len(layers), cfg.quant, dtype, 0,
+            # (streamed weights take two layers' slots on the device, the rest stays in host memory)
+            on_device = 2 if cfg.stream_weights else len(layers)
+            free -= memory_plan(self.model_config, on_device, cfg.quant, dtype, 0,
                                 cfg.quant_group_size)["weight_bytes"]
         pages = int(free * cfg.cache_fraction) // (per_token * cfg.page_size)
         logger.info("KV pool: %d pages of %d tokens (%.2f of free %s memory)", pages, cfg.page_size,

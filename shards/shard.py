@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.func import functional_call
 
 from shards.batch import BatchLayout
 from shards.config import ModelConfig
@@ -18,6 +19,7 @@ from shards.quant_checkpoint import load_block as load_quant_block
 from shards.quant_checkpoint import read_quant_format
 from shards.quant_checkpoint import tensor_names as quant_tensor_names
 from shards.rotary import Rotary
+from shards.streaming import LayerStreamer
 
 
 class Shard(nn.Module):
@@ -35,6 +37,8 @@ class Shard(nn.Module):
         # Gemma 3's sliding layers rotate with their own base frequency.
         self.local_rotary = Rotary(config, device, local=True) if any(b.local_rope for b in self.blocks) else None
         self.fingerprint = ""
+        # Set by stream_to: the blocks' weights stay in host memory, copied in a layer at a time.
+        self.streamer: LayerStreamer | None = None
         # (tensor files, layer -> tensor names), kept by from_pretrained for fingerprint_of.
         self._fingerprint_inputs: tuple[dict[str, Path], Callable[[int], list[str]]] | None = None
 
@@ -103,11 +107,30 @@ class Shard(nn.Module):
         names = [n for layer in range(start, end) for n in layer_names(layer)]
         return fingerprint(files, names, extra=f"{self.config!r}|{start}:{end}")
 
+    def stream_to(self, device: torch.device | str) -> None:
+        """Run on `device` with the layers' weights kept in host memory and copied there a layer at a
+        time at every forward (shards.streaming): only two layers' weights take device memory.
+        Call on a shard loaded on the CPU, before its cache is made; then stream_layer each layer."""
+        if self.device.type != "cpu" or self.streamer is not None:
+            raise ValueError(f"stream_to takes a shard loaded on the CPU, not on {self.device}")
+        self.device = torch.device(device)
+        self.streamer = LayerStreamer(self.device)
+        self.rotary = Rotary(self.config, self.device)
+        if self.local_rotary is not None:
+            self.local_rotary = Rotary(self.config, self.device, local=True)
+
+    def stream_layer(self, layer: int) -> None:
+        """Stream loaded (and quantized) layer `layer` from now on (after stream_to)."""
+        if self.streamer is None:
+            raise ValueError("stream_layer comes after stream_to")
+        self.streamer.add(layer - self.start, self.blocks[layer - self.start])
+
     @property
     def supports_fused_decode(self) -> bool:
         """Whether `shards.cuda_graphs.decode_forward` (plain llama math, RoPE from `rotary.inv_freq`
-        alone) computes exactly these blocks: llama, qwen2, mistral without a sliding window."""
-        return self.rotary.static and self.local_rotary is None and all(b.supports_fused_decode for b in self.blocks)
+        alone) computes exactly these blocks: llama, qwen2, mistral without a sliding window; never
+        with streamed weights (a graph would keep the slot it was captured with)."""
+        return self.streamer is None and self.rotary.static and self.local_rotary is None and all(b.supports_fused_decode for b in self.blocks)
 
     @property
     def prefix_sharing_safe(self) -> bool:
@@ -144,12 +167,14 @@ class Shard(nn.Module):
             rope[True] = self.local_rotary.cos_sin(lt.positions, self.dtype, lt)
         x = hidden.to(device=self.device, dtype=self.dtype)  # (N, hidden)
         stateless = layout.page_tables is None
-        for layer in range(a, b):
-            i = layer - self.start
+        indices = range(a - self.start, b - self.start)
+        weighed = self.streamer.stream(indices) if self.streamer is not None else ((i, None) for i in indices)
+        for i, weights in weighed:  # weights: the streamed layer's tensors on the device (None: the block's own)
             k_cache = None if stateless else cache.k[i]  # type: ignore[union-attr]
             v_cache = None if stateless else cache.v[i]  # type: ignore[union-attr]
             block = self.blocks[i]
             cos, sin = rope[block.local_rope]
             lt_i = lt if block.window is None else layout.tensors(self.device, self.config.num_kv_heads, block.window)
-            x = block(x, cos, sin, lt_i, k_cache, v_cache)
+            args = (x, cos, sin, lt_i, k_cache, v_cache)
+            x = block(*args) if weights is None else functional_call(block, weights, args)
         return x

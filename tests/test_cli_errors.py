@@ -59,6 +59,7 @@ def in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.Complete
         (["--quant", "int3"], ["--quant", "choose none, int8 or int4"]),
         (["--move-mode", "swap"], ["--move-mode", "choose auto, beside or in-place"]),
         (["--standby", "--layers", "0:2"], ["--standby", "give --num-layers (or nothing), not --layers"]),
+        (["--stream-weights"], ["--stream-weights", "add --device cuda"]),
     ],
 )
 def test_bad_serve_options(tiny_model: Path, capsys: pytest.CaptureFixture, args: list[str],

@@ -231,6 +231,11 @@ def gpu_swarm(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def reference(checkpoint: Path):
+    return greedy_reference(checkpoint)
+
+
+def greedy_reference(checkpoint: Path):
+    """transformers' greedy continuation on the GPU: greedy(ids, n) -> n new token ids."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to("cuda").eval()
