@@ -19,6 +19,8 @@ File map:
     shard.py       Shard: layers [start, end) loaded and run over a BatchLayout
     cuda_graphs.py DecodeGraphs: captured decode steps (batch buckets 1-64) replayed on CUDA;
                    LayerGraphs: per-layer ones for a range whose layers still arrive
+    streaming.py   LayerStreamer: layer weights in pinned host memory, copied to the device a layer at a
+                   time into two slots (Shard.stream_to / stream_layer; `swarm-peer serve --stream-weights`)
     quant.py       QuantLinear (int8 / int4 weights), quantize_shard (round to nearest), memory_plan
     calibrate.py   GPTQ: int4 calibrated on a text, layer by layer
     quant_checkpoint.py  quantized checkpoints (`swarm-peer quantize`'s output; loaded by Shard.from_pretrained)
