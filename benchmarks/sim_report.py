@@ -21,7 +21,7 @@ class SimResult:
     drains: int  # graceful departures
     drains_timed_out: int  # drains that left before their layers were covered
     drain_s_mean: float | None  # seconds from DRAINING to leaving
-    flow_vs_bound_mean: float | None  # max flow of the ONLINE placement / capacity bound
+    flow_vs_bound_mean: float | None  # max flow of the ONLINE placement (+ streaming standbys) / capacity bound
     spread_vs_bound_mean: float | None  # flow the spread routes carry (flow_weights) / capacity bound
     load_spread_mean: float | None  # max / mean peer utilisation under the spread routes
     route_cost_s_mean: float | None

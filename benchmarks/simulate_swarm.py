@@ -62,9 +62,17 @@ arrives, in routing.standby.load_order, as the peer does). Coverage counts a lay
 it only then, slowly; a standby that carries sessions, i.e. serves a layer no live GPU peer serves,
 does not move), and the time some layer was served by standbys alone is reported; the
 GPU peers' balancing counts standbys only as guards (no SOLE_DISCOUNT where one is; off with
---no-guard-discount, and the GPU peers' run is the same as without standbys), and throughput
-figures leave them out (a CPU's share is negligible): while only standbys serve some layer, the
-max-flow sample is 0.
+--no-guard-discount, and the GPU peers' run is the same as without standbys). Throughput figures
+leave them out by default (a CPU's share is negligible): while only standbys serve some layer, the
+max-flow sample is 0. A standby can instead run on its host's GPU, streaming its weights from
+pinned host memory at every step (swarm-peer serve --standby --stream-weights; a streamed step is
+the copy, about constant in the batch): --standby-stream-ratio R is a resident layer's step over a
+streamed one's on the host's GPU (benchmarks/bench_streamed_standby.py's stream_ratio), so a
+standby serving m layers no GPU peer serves carries R x its host's per-layer rate (thr x k) / m
+tokens/s through each of them, and --standby-stream-host-slowdown H cuts its host's own capacity
+by H meanwhile (measured beside each other on the H200: R 0.083, H 0.71-0.75 at 16-64 sequences a
+step; docs/performance.md). Only the max-flow sample changes (the bound, spread routes and every decision
+do not), so a run is paired with the same seed's run without them.
 
 --serve-by-layer: a loading GPU peer (a joiner or a mover) serves each layer as it arrives, as one
 growing range (routing.standby.load_order: layers no GPU peer serves first, then the thinnest),
@@ -166,6 +174,11 @@ class SimConfig:
     stagger: bool = True  # windows straddle boundaries few windows cross (routing.balance.STAGGER_WEIGHT)
     warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
     standby_share: float = 0.0  # share of peers also running a standby in host memory (swarm-peer serve --standby)
+    # A resident layer's step over a streamed one's on a standby's host GPU (--stream-weights): the
+    # standby carries this times its host's thr x k, shared by the m layers only it serves (0: none, a
+    # CPU's share). Measurement only: it changes the max-flow sample, nothing else.
+    standby_stream_ratio: float = 0.0
+    standby_stream_host_slowdown: float = 0.0  # ... while it streams, its host keeps 1 - this of its capacity
     thin: bool = True  # thin layers wake peers, hold drains and moves (routing.thin_layers); False: gaps alone
     guard_discount: bool = True  # no SOLE_DISCOUNT on layers a standby holds (routing.guarded_layers)
     route_period_s: float = ROUTE_PERIOD_S  # seconds between route and max-flow samples
@@ -710,10 +723,18 @@ def simulate(cfg: SimConfig) -> SimResult:
                 for q in serving
             }
             view = SwarmView("sim", num_layers, records, {q: peers[q].rtt for q in records})
-            # While only standbys (or nobody) serve some layer the GPU peers' max flow is 0, and so is
-            # the sample: skipping it, as before 2026-11-30, reported the swarm's good moments only.
-            flow, spread, spread_load = (_flows(serving, num_layers, cfg.growing_share) if not swarm.gpu_uncovered
-                                         else (0.0, 0.0, 0.0))
+            # While nobody serves some layer, or only standbys that stream nothing (CPUs), the max flow is
+            # 0, and so is the sample: skipping it, as before 2026-11-30, reported the swarm's good moments only.
+            if swarm.uncovered or (swarm.gpu_uncovered and not cfg.standby_stream_ratio):
+                flow, spread, spread_load = 0.0, 0.0, 0.0
+            elif swarm.gpu_uncovered:
+                # Standbys streaming their dark layers carry the flow there. Spread routes (and their load,
+                # not sampled) stay 0 here, as without streaming: they model the GPU peers' routes.
+                hosted = [(sb, peers[sb.peer_id]) for sb in standbys.values() if sb.served is not None]
+                flow = _streamed_flow(serving, hosted, swarm.online_n, num_layers, cfg)
+                spread, spread_load = 0.0, 0.0
+            else:
+                flow, spread, spread_load = _flows(serving, num_layers, cfg.growing_share)
             bound = sum(q.thr * q.k for q in peers.values()) / num_layers
             if cfg.snapshots and now >= start and len(flow_ratios) % SNAPSHOT_EVERY == 0:
                 _write_snapshot(Path(cfg.snapshots), now, num_layers, serving, cfg.growing_share)
@@ -803,10 +824,52 @@ def _crossing(swarm: SwarmArrays, k: int, cfg: SimConfig) -> list[float] | None:
 
 def _write_snapshot(path: Path, now: float, num_layers: int, serving: list[SimPeer], growing_share: float) -> None:
     """Append the serving placement (what _flows takes) as one JSON line, for benchmarks/sim_fragility.py."""
-    placed = [(q.served, q.thr * q.k * (growing_share if q.loading else 1.0)) for q in serving if q.served is not None]
+    placed = _placement(serving, growing_share)
     with path.open("a") as out:
         out.write(json.dumps({"t_s": now, "num_layers": num_layers, "spans": [[s.start, s.end] for s, _ in placed],
                               "capacities": [c for _, c in placed]}) + "\n")
+
+
+def _placement(serving: list[SimPeer], growing_share: float) -> list[tuple[LayerRange, float]]:
+    """(served layers, layer-tokens/s) per serving peer; one still loading part of its window counts at
+    `growing_share` of its capacity (SimConfig)."""
+    return [(q.served, q.thr * q.k * (growing_share if q.loading else 1.0)) for q in serving]
+
+
+def standby_stream_entries(span: LayerRange, gpu_servers: list[int],
+                           capacity: float) -> list[tuple[LayerRange, float]]:
+    """Max-flow entries of a standby serving `span` that streams, every step, its m layers no GPU peer
+    serves (gpu_servers 0): a streamed step is the weights' copy whatever the batch, so it carries
+    `capacity` (R x its host's thr x k) / m tokens/s through each of them. One entry per contiguous run
+    of them, (run, capacity x its length / m); none where a GPU peer serves (clients use it only there)."""
+    runs: list[list[int]] = []  # [start, end) of each run of dark layers
+    for layer in range(span.start, span.end):
+        if gpu_servers[layer]:
+            continue
+        if runs and runs[-1][1] == layer:
+            runs[-1][1] = layer + 1
+        else:
+            runs.append([layer, layer + 1])
+    dark = sum(end - start for start, end in runs)
+    return [(LayerRange(start, end), capacity * (end - start) / dark) for start, end in runs]
+
+
+def _streamed_flow(serving: list[SimPeer], hosted: list[tuple[SimPeer, SimPeer]], gpu_servers: list[int],
+                   num_layers: int, cfg: SimConfig) -> float:
+    """Max flow of the serving placement plus the serving standbys (`hosted`: (standby, its host)),
+    each streaming its dark layers (standby_stream_entries); a host whose standby streams some layer
+    keeps 1 - standby_stream_host_slowdown of its capacity. The GPU peers' bound is left as it is."""
+    streams: list[tuple[LayerRange, float]] = []
+    slowed: set[str] = set()
+    for sb, host in hosted:
+        entries = standby_stream_entries(sb.served, gpu_servers, cfg.standby_stream_ratio * host.thr * host.k)
+        if entries:
+            streams += entries
+            slowed.add(host.peer_id)
+    kept = 1.0 - cfg.standby_stream_host_slowdown
+    placed = [(span, cap * kept if q.peer_id in slowed else cap)
+              for q, (span, cap) in zip(serving, _placement(serving, cfg.growing_share))]
+    return max_flow_of(placed + streams, num_layers)
 
 
 def _flows(serving: list[SimPeer], num_layers: int, growing_share: float = 1.0) -> tuple[float, float, float]:
@@ -814,9 +877,9 @@ def _flows(serving: list[SimPeer], num_layers: int, growing_share: float = 1.0) 
 
     A peer still loading part of its window counts at `growing_share` of its capacity (SimConfig).
     """
-    spans = [q.served for q in serving]
-    caps = [q.thr * q.k * (growing_share if q.loading else 1.0) for q in serving]
-    flow = max_flow_of(list(zip(spans, caps)), num_layers)
+    placed = _placement(serving, growing_share)
+    spans, caps = [span for span, _ in placed], [cap for _, cap in placed]
+    flow = max_flow_of(placed, num_layers)
     full_at = full_flows(spans, caps, flow_weights(spans, caps, num_layers), num_layers)
     per_flow = [1.0 / f for f in full_at]  # each peer's utilisation per unit of flow
     spread = min(full_at)  # the flow at which the first peer is full
@@ -859,6 +922,14 @@ def main(argv: list[str] | None = None) -> SimResult:
                          "inner boundaries, so they abut their neighbours (the rule before the nineteenth session)")
     ap.add_argument("--standby-share", type=float, default=0.0,
                     help="share of peers that also run a standby in host memory (swarm-peer serve --standby)")
+    ap.add_argument("--standby-stream-ratio", type=float, default=0.0,
+                    help="standbys stream their weights through their host's GPU (swarm-peer serve --stream-weights): "
+                         "a resident layer's step over a streamed one's there (benchmarks/bench_streamed_standby.py); "
+                         "a standby carries this times its host's per-layer rate, split over the layers only it serves; "
+                         "only the max-flow sample counts it (0: standbys carry nothing)")
+    ap.add_argument("--standby-stream-host-slowdown", type=float, default=0.0,
+                    help="with --standby-stream-ratio: the share of its own capacity a host loses while its standby "
+                         "streams (the GPU and memory bandwidth they share), in [0, 1)")
     ap.add_argument("--route-period", type=float, default=ROUTE_PERIOD_S,
                     help="simulated seconds between route and max-flow samples (shorter: a steadier mean, slower)")
     ap.add_argument("--no-guard-discount", action="store_true",
@@ -917,6 +988,11 @@ def main(argv: list[str] | None = None) -> SimResult:
         ap.error(f"--vanished-share is a share of the abrupt departures in [0, 1], got {a.vanished_share}")
     if not 0 < a.growing_share <= 1:
         ap.error(f"--growing-share is a share of capacity in (0, 1], got {a.growing_share}")
+    if not a.standby_stream_ratio >= 0:
+        ap.error(f"--standby-stream-ratio is a ratio of step times, >= 0, got {a.standby_stream_ratio}")
+    if not 0 <= a.standby_stream_host_slowdown < 1:
+        ap.error(f"--standby-stream-host-slowdown is a share of the host's capacity in [0, 1), "
+                 f"got {a.standby_stream_host_slowdown}")
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     load_s_per_layer=a.load_s_per_layer, move_load_s_per_layer=a.move_load_s_per_layer,
                     prefetch_s=a.prefetch_s,
@@ -924,7 +1000,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
                     fast_fill=not a.no_fast_fill, flow_join=not a.no_flow_join, tiered=not a.untiered,
                     stagger=not a.no_stagger,
-                    warmup_hours=a.warmup_hours, standby_share=a.standby_share, thin=not a.no_thin,
+                    warmup_hours=a.warmup_hours, standby_share=a.standby_share,
+                    standby_stream_ratio=a.standby_stream_ratio,
+                    standby_stream_host_slowdown=a.standby_stream_host_slowdown, thin=not a.no_thin,
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
                     mover_share_gain=a.mover_share_gain,

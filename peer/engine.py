@@ -72,7 +72,7 @@ class ServingEngine:
         may run on another thread meanwhile (a growing engine's partial range, on its chain)."""
         if not self._graphable():
             if self.shard.device.type == "cuda":  # said once per engine, at its whole-range capture
-                why = "the weights are streamed" if self.shard.streamer is not None else "not available for this model family"
+                why = "the weights are streamed" if self.shard.streamer is not None else "not for this model family"
                 logger.info("no decode graphs (%s); decoding eagerly", why)
             return None
         graphs = DecodeGraphs(self.shard, self.cache, max_pages_per_seq=-(-max_length // self.page_size))

@@ -130,7 +130,8 @@ class Shard(nn.Module):
         """Whether `shards.cuda_graphs.decode_forward` (plain llama math, RoPE from `rotary.inv_freq`
         alone) computes exactly these blocks: llama, qwen2, mistral without a sliding window; never
         with streamed weights (a graph would keep the slot it was captured with)."""
-        return self.streamer is None and self.rotary.static and self.local_rotary is None and all(b.supports_fused_decode for b in self.blocks)
+        return (self.streamer is None and self.rotary.static and self.local_rotary is None
+                and all(b.supports_fused_decode for b in self.blocks))
 
     @property
     def prefix_sharing_safe(self) -> bool:

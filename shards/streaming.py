@@ -2,11 +2,11 @@
 layer at a time, at every forward pass.
 
 Why: a standby (`swarm-peer serve --standby --stream-weights`) runs on its host's GPU beside that
-host's own peer, which holds the GPU's memory; the standby's layers live in host memory. On a CPU
-a 70B layer's step takes seconds; streamed through the GPU it takes the PCIe copy of its weights,
-about constant in the batch (benchmarks/bench_streamed_layer.py: 16.5 ms for an int8 70B layer at
-any batch up to ~1,000 tokens on an H200, 31 ms in bf16), so a standby carries a real share of the
-flow while it is some layer's only server.
+host's own peer, which holds the GPU's memory; the standby's layers live in host memory. Streamed
+through the GPU a layer's step takes the PCIe copy of its weights, about constant in the batch
+(benchmarks/bench_streamed_standby.py: 16-20 ms for an int8 70B layer at 1-256 sequences a step on
+an H200, 32-33 ms in bf16), so the sessions a standby carries while it is some layer's only server
+go on at that speed (docs/performance.md; what it is worth to the swarm: docs/balancing.md).
 
 How: two device slots, each a set of tensors shaped like one layer's parameters and buffers.
 `stream(indices)` yields each layer's slot once its copy is in, and has started the next layer's

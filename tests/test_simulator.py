@@ -368,3 +368,49 @@ def test_a_growing_peer_counts_at_its_eager_share_in_the_flow_and_nowhere_else()
         full.migrations, full.joins, full.departures, full.gaps_opened)
     assert eager.coverage_time_fraction == full.coverage_time_fraction
     assert eager.flow_vs_bound_mean < full.flow_vs_bound_mean
+
+
+def test_standbys_streaming_their_dark_layers_carry_flow_and_change_nothing_else() -> None:
+    """--standby-stream-ratio: while some layer is served by standbys alone, each standby streams its
+    layers no GPU peer serves through its host's GPU, so the max-flow sample is no longer 0 there.
+    Only the sample changes: every decision, and so coverage and every move, is the run without it.
+    A host that gives up half its capacity to its standby's stream never raises the flow."""
+    cfg = dict(peers=60, hours=1.0, seed=0, churn=0.3, redundancy=2.0, graceful=0.0, crash_watch=False,
+               standby_share=0.5, route_period_s=60)
+    cpu, streamed, slowed = (simulate(SimConfig(**cfg)), simulate(SimConfig(**cfg, standby_stream_ratio=0.1)),
+                             simulate(SimConfig(**cfg, standby_stream_ratio=0.1, standby_stream_host_slowdown=0.5)))
+    assert cpu.standby_only_time_fraction > 0.01
+    for r in (streamed, slowed):
+        assert (r.coverage_time_fraction, r.migrations, r.standby_moves, r.joins, r.gaps_opened,
+                r.standby_only_time_fraction) == (cpu.coverage_time_fraction, cpu.migrations, cpu.standby_moves,
+                                                  cpu.joins, cpu.gaps_opened, cpu.standby_only_time_fraction)
+        assert r.spread_vs_bound_mean == cpu.spread_vs_bound_mean  # spread routes leave standbys out
+    assert streamed.flow_vs_bound_mean > cpu.flow_vs_bound_mean
+    assert cpu.flow_vs_bound_mean < slowed.flow_vs_bound_mean <= streamed.flow_vs_bound_mean
+
+
+def test_a_standby_streams_only_its_layers_no_gpu_peer_serves_and_slows_its_host() -> None:
+    """standby_stream_entries splits a standby's stream over its dark layers; the sampled max flow adds
+    them and cuts the host's capacity; the CLI refuses a negative ratio and a slowdown of 1."""
+    from benchmarks.sim_swarm_state import SimPeer
+    from benchmarks.simulate_swarm import _streamed_flow, standby_stream_entries
+    from swarm.types import LayerRange
+
+    # Layers 2..6; 3 and 5 have no GPU server: the stream's R x thr x k splits over those two.
+    gpu_servers = [1, 1, 2, 0, 1, 0, 1, 1]
+    entries = standby_stream_entries(LayerRange(2, 7), gpu_servers, 0.4 * 20.0 * 2)
+    assert entries == [(LayerRange(3, 4), pytest.approx(8.0)), (LayerRange(5, 6), pytest.approx(8.0))]
+    # A run of two dark layers carries two thirds of the stream's layer-tokens/s, a single one a third.
+    assert standby_stream_entries(LayerRange(3, 7), [0, 0, 0, 0, 0, 1, 0], 6.0) == [
+        (LayerRange(3, 5), pytest.approx(4.0)), (LayerRange(6, 7), pytest.approx(2.0))]
+    assert standby_stream_entries(LayerRange(0, 2), gpu_servers, 16.0) == []
+    # A 3-layer model: host A (10 tokens/s over layers 0-1: 20 layer-tokens/s) and its standby streaming
+    # layer 2, dark, at 0.4 of a resident layer's rate.
+    host = SimPeer("a", 2, 10.0, 0.05, layers=LayerRange(0, 2), serving=LayerRange(0, 2))
+    standby = SimPeer("a", 2, 0.0, 0.05, layers=LayerRange(1, 3), serving=LayerRange(1, 3))
+    for slowdown, flow in ((0.0, 8.0), (0.5, 5.0)):  # the stream binds; then the slowed host does
+        cfg = SimConfig(standby_stream_ratio=0.4, standby_stream_host_slowdown=slowdown)
+        assert _streamed_flow([host], [(standby, host)], [1, 1, 0], 3, cfg) == pytest.approx(flow, rel=1e-6)
+    for flag in (["--standby-stream-ratio", "-0.1"], ["--standby-stream-host-slowdown", "1"]):
+        with pytest.raises(SystemExit):
+            main(["--peers", "10", "--hours", "0.1", *flag])
