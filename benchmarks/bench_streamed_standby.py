@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -167,17 +168,19 @@ def main(argv: list[str] | None = None) -> list[Row]:
     work.mkdir(parents=True, exist_ok=True)
     go = work / "go"
     go.unlink(missing_ok=True)
+    # SIGTERM unwinds like Ctrl-C, so the `finally` below stops both children.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     procs = {}
-    for role in ("host", "streamed"):
-        files = {name: work / f"{role}.{name}" for name in ("ready", "result")}
-        for f in files.values():
-            f.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "benchmarks.bench_streamed_standby", "--child", role, "--checkpoint", str(checkpoint),
-               "--layers", str(a.layers), "--stream-quant", a.stream_quant, "--batches", a.batches,
-               "--seconds", str(a.seconds), "--ready", str(files["ready"]), "--go", str(go),
-               "--result", str(files["result"])]
-        procs[role] = (subprocess.Popen(cmd), files)
     try:
+        for role in ("host", "streamed"):
+            files = {name: work / f"{role}.{name}" for name in ("ready", "result")}
+            for f in files.values():
+                f.unlink(missing_ok=True)
+            cmd = [sys.executable, "-m", "benchmarks.bench_streamed_standby", "--child", role, "--checkpoint", str(checkpoint),
+                   "--layers", str(a.layers), "--stream-quant", a.stream_quant, "--batches", a.batches,
+                   "--seconds", str(a.seconds), "--ready", str(files["ready"]), "--go", str(go),
+                   "--result", str(files["result"])]
+            procs[role] = (subprocess.Popen(cmd), files)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not all(f["ready"].is_file() for _, f in procs.values()):
             if time.monotonic() > deadline or any(p.poll() is not None for p, _ in procs.values()):
@@ -191,6 +194,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        signal.signal(signal.SIGTERM, previous)
     medians = {role: json.loads(files["result"].read_text())["median_ms"] for role, (_, files) in procs.items()}
     rows = []
     for batch in [int(b) for b in a.batches.split(",")]:
