@@ -100,7 +100,7 @@ def child(a: argparse.Namespace) -> None:
         str(a.checkpoint), LayerRange(0, a.layers), dtype=dtype, device=device,
         quant=a.stream_quant if streamed else "none", quant_group_size=128,
         num_pages=max(batches) * pages_per_seq, page_size=PAGE_SIZE, max_length=CONTEXT + PAGE_SIZE,
-        graphs=not streamed, stream_weights=streamed,
+        graphs=not streamed, stream_weights=streamed and not a.standby_resident,
     )
     span = (0, 1) if streamed else (0, a.layers)  # the standby streams one dark layer; the host runs all its own
     hidden = engine.shard.config.hidden_size
@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--shape", choices=sorted(SHAPES), default=None, help="layer shapes (default: 70b on CUDA, else tiny)")
     ap.add_argument("--layers", type=int, default=4, help="layers the host holds (the standby holds the same, streams one)")
     ap.add_argument("--stream-quant", choices=("int8", "none"), default="int8", help="how the standby stores and copies its weights")
+    ap.add_argument("--standby-resident", action="store_true",
+                    help="a control: the standby's weights stay on the GPU (its steps compute, nothing is copied), to "
+                         "tell the copy's share of the slowdown beside the host from the compute's")
     ap.add_argument("--batches", default="1,16,64,256", help="decode batch sizes (sequences per step), comma-separated")
     ap.add_argument("--seconds", type=float, default=4.0, help="seconds each figure is timed for")
     ap.add_argument("--child", choices=("host", "streamed"), help=argparse.SUPPRESS)
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
                 f.unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "benchmarks.bench_streamed_standby", "--child", role, "--checkpoint", str(checkpoint),
                    "--layers", str(a.layers), "--stream-quant", a.stream_quant, "--batches", a.batches,
+                   *(["--standby-resident"] if a.standby_resident else []),
                    "--seconds", str(a.seconds), "--ready", str(files["ready"]), "--go", str(go),
                    "--result", str(files["result"])]
             procs[role] = (subprocess.Popen(cmd), files)
@@ -203,7 +207,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
         rows.append(Row(batch, round(host, 4), round(host_beside, 4), round(1 - host / host_beside, 3),
                         round(stream, 3), round(stream_beside, 3), round(host_beside / stream_beside, 4)))
     host_dtype = "bf16" if torch.cuda.is_available() else "float32"
-    print(f"{shape} layers, standby weights {a.stream_quant} streamed from host memory, host {host_dtype} resident "
+    where = "resident on the GPU (control)" if a.standby_resident else "streamed from host memory"
+    print(f"{shape} layers, standby weights {a.stream_quant} {where}, host {host_dtype} resident "
           f"({a.layers} layers, CUDA graphs where they apply); ms per layer of a decode step")
     print(f"{'batch':>6} {'host':>8} {'beside':>8} {'slowdown':>9} {'streamed':>9} {'beside':>8} {'ratio':>8}")
     for r in rows:
@@ -212,8 +217,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     out = Path(os.environ.get("OUT") or "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "shape": shape,
-            "layers": a.layers, "stream_quant": a.stream_quant, "seconds": a.seconds, "torch": torch.__version__}
-    (out / f"bench_streamed_standby_{a.stream_quant}.json").write_text(
+            "layers": a.layers, "stream_quant": a.stream_quant, "standby_resident": a.standby_resident, "seconds": a.seconds, "torch": torch.__version__}
+    name = f"{a.stream_quant}_resident" if a.standby_resident else a.stream_quant
+    (out / f"bench_streamed_standby_{name}.json").write_text(
         json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     return rows
 
