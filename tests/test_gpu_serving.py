@@ -20,7 +20,7 @@ import gc
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -314,29 +314,33 @@ def test_prefix_sharing_and_speculative_truncate_keep_tokens(client, reference, 
     assert generate(client, ids + ids[:16], 20, speculative="prompt_lookup") == reference(ids + ids[:16], 20)
 
 
+class KillAfter:
+    """A generate() streamer that calls `kill` after the prompt and `tokens` new tokens."""
+
+    def __init__(self, tokens: int, kill: Callable[[], None]) -> None:
+        self.tokens, self.kill, self.seen = tokens, kill, 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.seen += 1  # the first call brings the prompt
+        if self.seen == self.tokens + 1:
+            self.kill()
+
+    def end(self) -> None:
+        pass
+
+
 def test_peer_killed_mid_generation_gives_the_same_tokens(client, reference, gpu_swarm) -> None:
     ids = prompts(1, 16, seed=5)[0]
     want = reference(ids, 32)
 
     with client.inference_session(max_length=64) as session:
 
-        class KillAfter:
-            """A streamer that kills the peer serving layers 15:30 after the prompt and 5 tokens."""
-
-            def __init__(self) -> None:
-                self.seen = 0
-
-            def put(self, value: torch.Tensor) -> None:
-                self.seen += 1
-                if self.seen == 6:
-                    victim = next(h.peer_id for h in session.hops if h.layers.start == 15)
-                    next(p for p in gpu_swarm.processes if p.peer_id == victim).kill()
-
-            def end(self) -> None:
-                pass
+        def kill_the_second_hop() -> None:
+            victim = next(h.peer_id for h in session.hops if h.layers.start == 15)
+            next(p for p in gpu_swarm.processes if p.peer_id == victim).kill()
 
         got = client.generate(torch.tensor([ids]), max_new_tokens=32, eos_token_id=[], session=session,
-                              streamer=KillAfter())
+                              streamer=KillAfter(5, kill_the_second_hop))
     assert got[0, len(ids):].tolist() == want
     assert session.stats.failovers >= 1
 

@@ -24,6 +24,7 @@ from swarm.types import LayerRange
 from tests.test_gpu_serving import (
     PEER_START_TIMEOUT,
     TOLERANCE,
+    KillAfter,
     generate,
     greedy_reference,
     peer_stats,
@@ -104,23 +105,8 @@ def test_a_streaming_standby_takes_over_a_killed_gpu_peer_with_the_same_tokens(c
             assert generate(model, ids, 24) == want  # through the GPU peer: a standby is the last resort
             assert peer_stats(model, standby.peer_id)["batches_run"] == 0
             with model.inference_session(max_length=64) as session:
-
-                class KillAfter:
-                    """Kills the GPU peer after the prompt and 5 tokens."""
-
-                    def __init__(self) -> None:
-                        self.seen = 0
-
-                    def put(self, value: torch.Tensor) -> None:
-                        self.seen += 1
-                        if self.seen == 6:
-                            gpu_peer.kill()
-
-                    def end(self) -> None:
-                        pass
-
                 got = model.generate(torch.tensor([ids]), max_new_tokens=24, eos_token_id=[], session=session,
-                                     streamer=KillAfter())
+                                     streamer=KillAfter(5, gpu_peer.kill))
             assert got[0, len(ids):].tolist() == want
             assert session.stats.failovers >= 1
             assert [h.peer_id for h in session.hops] == [standby.peer_id]
