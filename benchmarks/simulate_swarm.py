@@ -82,7 +82,9 @@ instead of nothing until its whole window is there: `--serve-by-layer all` is wh
 layer on it counts as a staying server of what it has, per layer at its thr (as a loaded peer
 would), and in the max flow at its whole capacity k * thr (a peer spends its compute on whichever
 layers it holds, routing/costs.py). It is still `loading` for every decision that asks: it does not
-balance, react or drain, and a drainer next to it still waits for it as for any loader.
+balance, react or drain, and a drainer next to it still waits for it as for any loader. Loaders of
+one dark stretch take turns (routing.gap_weight: each starts where the others, by their announced
+orders, arrive last); --no-coordinated-loads: each loads from its window's end, the rule before.
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ from routing import (
     SOLE_DISCOUNT,
     NoRouteError,
     choose_window,
+    first_arrivals,
+    gap_weight,
     plan_flow_move,
     plan_move,
     plan_route,
@@ -115,7 +119,7 @@ from routing import (
 from routing.flow import bottleneck_layer, max_flow_of
 from routing.flow_move import MOVER_SHARE_GAIN, flow_move_gain
 from routing.spread import flow_weights, full_flows
-from routing.standby import EXPOSED_GAP, STANDBY_MARGIN, exposure, load_order
+from routing.standby import STANDBY_MARGIN, exposure, load_order
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
 # GPU classes (layers held, median tokens/s through them, share of peers): a mix of
@@ -196,6 +200,7 @@ class SimConfig:
     standby_idle_moves: bool = False  # a standby guarding nothing moves for one exposed layer (not STANDBY_MARGIN)
     react_clean_first: bool = True  # a reacting peer whose leaving leaves an unguarded sole server waits one step more (routing.exposes_on_leaving)
     serve_by_layer: bool = False  # a loading GPU peer (joiner or mover) serves each layer as it arrives (gpu_load_order)
+    coordinated_loads: bool = True  # ... lighting first the dark layers other loaders reach last (routing.gap_weight)
     # Share of its capacity a GPU peer serving part of its window gets until the whole window is there:
     # the peer decodes those layers eagerly until it captures its CUDA graphs (peer/moves.py).
     growing_share: float = 1.0
@@ -395,20 +400,29 @@ def simulate(cfg: SimConfig) -> SimResult:
             push(now + pop.expovariate(leave_rate), "depart", p.peer_id)
         push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
 
-    def gpu_load_order(target: LayerRange) -> list[int]:
-        """routing.standby.load_order for a GPU peer loading `target`, judged before it counts there.
+    def gpu_load_order(p: SimPeer) -> list[int]:
+        """routing.standby.load_order for a GPU peer p loading p.layers, judged before it counts there.
 
         A layer no GPU peer serves weighs EXPOSED_GAP (3): while one is left the swarm's max flow is
-        0 (clients crawl on a standby, or wait), so one such layer outweighs any thin one. A thin
+        0 (clients crawl on a standby, or wait), so one such layer outweighs any thin one; less where
+        another loader brings it sooner (routing.gap_weight on the loaders' remaining orders, which
+        their records announce), unless --no-coordinated-loads. A thin
         layer weighs its shortfall below thin_limit as a share of it (0-1): the thinnest bound the
         flow most, and a layer a drainer alone serves (staying 0) counts as fully short, so the
         drainer can go sooner. The rest weigh 0: any order serves them as soon, give or take.
+        (routing.move_load_order, on a SwarmView.)
         """
+        target = p.layers
+        arrivals: dict[int, int] = {}
+        if cfg.coordinated_loads:
+            arrivals = first_arrivals(q.to_load for q in peers.values()
+                                      if q is not p and q.loading and q.to_load and q.layers.start < target.end
+                                      and target.start < q.layers.end)
         limit = swarm.thin_limit()
         weight = [0.0] * num_layers
         for layer in range(target.start, target.end):
             if swarm.online_n[layer] == 0:
-                weight[layer] = EXPOSED_GAP
+                weight[layer] = gap_weight(arrivals.get(layer), len(target))
             elif limit > 0 and swarm.staying_thr[layer] < limit:
                 weight[layer] = 1.0 - swarm.staying_thr[layer] / limit
         return load_order(target, weight)
@@ -417,7 +431,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         """p (placed at p.layers, serving nothing) loads its window; "online" when all is there.
         `by_layer`: it also serves each layer as it arrives, in gpu_load_order."""
         if by_layer:
-            p.to_load = gpu_load_order(p.layers)
+            p.to_load = gpu_load_order(p)
             for i in range(p.k - 1):  # the last layer comes with "online"
                 push(now + load_s * (i + 1), "gpu_layer", p.peer_id, p.generation)
         push(now + load_s * p.k, "online", p.peer_id, p.generation)
@@ -961,6 +975,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="a loading GPU peer serves each layer as it arrives, layers no GPU peer serves first, then the "
                          "thinnest: joiners and movers (all: what the GPU peer does), or movers only (moves: the "
                          "peer before the fifteenth session, whose joins loaded the whole window first)")
+    ap.add_argument("--no-coordinated-loads", action="store_true",
+                    help="with --serve-by-layer, loaders of one dark stretch ignore each other's announced load "
+                         "orders (the rule before the twenty-fifth session: most light the same layers first)")
     ap.add_argument("--growing-share", type=float, default=1.0,
                     help="with --serve-by-layer, the share of its capacity a GPU peer gets while part of its window "
                          "is loaded: it decodes eagerly until its CUDA graphs are captured (1: as fast as loaded; on the "
@@ -1011,6 +1028,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
                     react_clean_first=not a.exposing_peers_react_as_soon, serve_by_layer=a.serve_by_layer is not None,
+                    coordinated_loads=not a.no_coordinated_loads,
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
                     snapshots=None if a.snapshots is None else str(a.snapshots))
     result = simulate(cfg)

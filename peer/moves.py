@@ -52,6 +52,7 @@ class Moves:
     throughput: float
     engine: ServingEngine | None
     loading: LayerRange | None
+    still_to_load: tuple[int, ...]
     in_place: bool
     moving: bool
     migrations: int
@@ -86,6 +87,7 @@ class Moves:
         """
         beside = self._room_beside(target)
         self.loading, self.in_place = target, not beside
+        self.still_to_load = tuple(range(target.start, target.end) if order is None else order)
         try:
             await self._announce()
             await asyncio.sleep(MOVE_CONFIRM_S)
@@ -189,6 +191,7 @@ class Moves:
             self.in_place, self.moving = False, False  # the served part is ONLINE, the target `moving_to`
             self.state = PeerState.ONLINE  # a growing join's first layer (a move's state is ONLINE already)
         self.layers, self.throughput = served, throughput
+        self.still_to_load = tuple(layer for layer in self.still_to_load if layer not in served)
         self.registry.fingerprint = engine.fingerprint  # of `served`: prefix hashes are relative to it
         self.handler.served.layers = served
         if served != target:  # the whole target is announced by _install, once the load returns

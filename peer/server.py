@@ -45,7 +45,7 @@ from swarm.codec import Limits
 from swarm.connection import answers, stream_handler
 from swarm.dht import SwarmNode
 from swarm.messages import PROTOCOL_NAME
-from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
+from swarm.types import MAX_LOADING_ORDER, LayerRange, PeerRecord, PeerState, SwarmView
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class PeerServer(Moves):
         self.swarm_key = SwarmKey.load(config.swarm_key) if config.swarm_key else None
         self.moving = False  # while True, new sessions are refused (they go to other peers)
         self.loading: LayerRange | None = None  # a move's target while its weights load
+        self.still_to_load: tuple[int, ...] = ()  # ... and its layers not yet arrived, in load order
         self.in_place = False  # that move freed the old layers first (announced JOINING, not moving_to)
         self.engine: ServingEngine | None = None  # None only while moving in place
         self.limits = Limits(config.limits.max_frame_bytes, config.limits.max_tensor_elements)
@@ -162,6 +163,7 @@ class PeerServer(Moves):
         """A self-placing peer's join: announced JOINING on `target`, it serves each layer as it
         arrives (as Moves._move_growing does), refusing sessions until the first one can run."""
         self.loading, self.in_place, self.moving = target, True, True
+        self.still_to_load = tuple(order)
         await self._start_serving()
         await self._announce()
         self._start_announcing()
@@ -313,8 +315,12 @@ class PeerServer(Moves):
                 layers, state = self.loading, PeerState.JOINING
             else:
                 moving_to = self.loading
+        # Announced while loading, so the next loader of a dark stretch starts where this one arrives
+        # last (routing.move_load_order).
+        loading_order = self.still_to_load[:MAX_LOADING_ORDER] if self.loading is not None else ()
         return PeerRecord(
             peer_id=self.peer_id, model=cfg.model_name, layers=layers, state=state, moving_to=moving_to,
+            loading_order=loading_order or None,
             throughput=self.throughput, free_pages=self.pool.num_free, total_pages=self.pool.num_pages,
             page_size=cfg.page_size, dtype=cfg.dtype, quant=cfg.quant, version=software_version(),
             public_name=cfg.public_name, fingerprint=self.registry.fingerprint,

@@ -27,7 +27,8 @@ Only `swarm.types` is imported from the rest of the project.
              crash would leave dark; standby_load_order (load_order): in which order a loading
              standby should fetch and serve them, the exposed ones first, one growing range.
 - move_order.py move_load_order: in which order a moving GPU peer that serves each layer as it
-             arrives loads its target: layers no GPU peer serves first, then the thinnest.
+             arrives loads its target: layers no GPU peer serves first (gap_weight: less where
+             another loader's announced order brings them sooner, first_arrivals), then the thinnest.
 - spread.py  choose_route, sample_route, flow_weights: a busy swarm's sessions spread over
              parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
@@ -69,7 +70,7 @@ from routing.leaving import (
     thin_without,
     urgent_layers,
 )
-from routing.move_order import move_load_order
+from routing.move_order import first_arrivals, gap_weight, move_load_order
 from routing.route import NoRouteError, plan_route, route_cost
 from routing.spread import choose_route, sample_route
 from routing.standby import load_order, standby_layers, standby_load_order, standby_window
@@ -105,6 +106,8 @@ __all__ = [
     "load_order",
     "max_flow_throughput",
     "move_load_order",
+    "first_arrivals",
+    "gap_weight",
     "plan_flow_move",
     "swarm_flow",
     "plan_move",

@@ -100,6 +100,10 @@ class PeerRecord:
     # that only one other peer serves, so that peer's crash leaves slow layers instead of a gap.
     # Balancing of the other peers ignores it; clients use it only where nothing else serves.
     standby: bool = False
+    # While it loads a target layer by layer (a growing join or move, peer/moves.py): the layers still
+    # to come, in the order they will arrive (at most MAX_LOADING_ORDER), so the next loader of a dark
+    # stretch starts where this one arrives last (routing.move_load_order). Absent otherwise.
+    loading_order: tuple[int, ...] | None = None
 
     @property
     def growing(self) -> bool:
@@ -169,6 +173,8 @@ class PeerRecord:
             for name in ("relayed", "standby"):  # absent in records of older peers
                 if type(kwargs.get(name, False)) is not bool:
                     raise ValueError(f"{name} must be a bool")
+            if "loading_order" in kwargs:
+                kwargs["loading_order"] = _loading_order(kwargs["loading_order"], kwargs.get("moving_to") or kwargs["layers"])
             record = cls(**kwargs)
         except (KeyError, TypeError, IndexError, ValueError) as e:
             raise ValueError(f"malformed peer record: {e}") from e
@@ -184,6 +190,9 @@ MAX_NUM_LAYERS = 100_000
 MAX_THROUGHPUT = 1e6
 MAX_STR = 256  # chars of any string field (peer id, model name, dtype, multiaddr, ...)
 MAX_ADDRS = 16
+# Layers of a loading_order (the next ones to load): a loader's later steps weigh nothing in another's
+# order once past that loader's own width (routing.gap_weight), and no peer holds this many layers.
+MAX_LOADING_ORDER = 1024
 FLOAT_BOUNDS: dict[str, tuple[float, float]] = {"throughput": (0.0, MAX_THROUGHPUT), "updated": (0.0, 1e11)}
 INT_BOUNDS: dict[str, tuple[int, int]] = {
     "free_pages": (0, 2**31), "total_pages": (0, 2**31), "page_size": (1, 2**16),
@@ -197,6 +206,16 @@ def _layer_range(name: str, value: Any) -> LayerRange:
     if value[1] > MAX_NUM_LAYERS:
         raise ValueError(f"{name} end {value[1]} is above {MAX_NUM_LAYERS}")
     return LayerRange(value[0], value[1])
+
+
+def _loading_order(value: Any, target: LayerRange) -> tuple[int, ...]:
+    """A record's `loading_order`: distinct layers of the target it loads (`moving_to`, else `layers`)."""
+    if not (isinstance(value, (list, tuple)) and len(value) <= MAX_LOADING_ORDER
+            and all(type(x) is int and target.start <= x < target.end for x in value)
+            and len(set(value)) == len(value)):
+        raise ValueError(f"loading_order must be at most {MAX_LOADING_ORDER} distinct layers of {target}, "
+                         f"got {value!r:.60}")
+    return tuple(value)
 
 
 def _bounded_str(name: str, value: Any) -> str:

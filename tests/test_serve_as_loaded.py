@@ -123,11 +123,15 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
             partial = partial_records(server, LayerRange(4, 8))
             assert [r.layers for r in partial] == [LayerRange(6, 7), LayerRange(5, 7), LayerRange(5, 8)]
             assert all(r.state is PeerState.ONLINE for r in partial)
+            # Each announcement names the layers still to come, in order (routing.move_load_order).
+            assert server.announced[0].moving_to == LayerRange(4, 8) and server.announced[0].loading_order == (6, 5, 7, 4)
+            assert [r.loading_order for r in partial] == [(5, 7, 4), (7, 4), (4,)]
             # One layer's speed, measured on the first to arrive, over the layers served.
             speeds = [r.throughput * len(r.layers) for r in partial]
             assert speeds[0] > 0 and max(speeds) == pytest.approx(min(speeds))
             final = server.announced[-1]
             assert final.layers == LayerRange(4, 8) and final.moving_to is None and final.state is PeerState.ONLINE
+            assert final.loading_order is None
             assert final.throughput == pytest.approx(speeds[0] / 4)
             assert len({r.fingerprint for r in partial + [final]}) == 4  # each range has its own
             # The session opened on 5:7 mid-load kept its layers as the range grew.
@@ -138,7 +142,8 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
             server.config = dataclasses.replace(server.config, move_mode="in-place")
             server.announced.clear()
             assert await server.migrate(LayerRange(0, 4), [3, 2, 1, 0]) is True
-            assert any(r.state is PeerState.JOINING and r.layers == LayerRange(0, 4) for r in server.announced)
+            assert any(r.state is PeerState.JOINING and r.layers == LayerRange(0, 4) and r.loading_order == (3, 2, 1, 0)
+                       for r in server.announced)
             partial = partial_records(server, LayerRange(0, 4))
             assert [r.layers for r in partial] == [LayerRange(3, 4), LayerRange(2, 4), LayerRange(1, 4)]
             assert server.announced[-1].layers == LayerRange(0, 4) and server.announced[-1].moving_to is None
@@ -171,12 +176,17 @@ async def check_growing_join(server: RecordingPeer, model: Path, p2p: Any, stand
     assert target is not None
     first = server.announced[0]
     assert first.state is PeerState.JOINING and first.layers == target and first.standby == standby
+    assert first.loading_order is not None and sorted(first.loading_order) == list(range(target.start, target.end))
     partial = [r for r in server.announced if r.moving_to == target]
     assert [len(r.layers) for r in partial] == list(range(1, len(target)))
     assert all(r.state is PeerState.ONLINE and target.covers(r.layers) for r in partial)
+    # Each names the layers still to come, in the order first announced.
+    assert all(r.loading_order == tuple(layer for layer in first.loading_order if layer not in r.layers)
+               for r in partial)
     assert all(b.layers.covers(a.layers) for a, b in zip(partial, partial[1:]))  # one range, growing at either end
     final = server.announced[-1]
     assert final.layers == target and final.moving_to is None and final.state is PeerState.ONLINE
+    assert final.loading_order is None
     assert server.migrations == 0  # a join, not a move
     whole = Reference(model, await open_session(p2p, server.peer_id), target.start, target.end)
     await whole.check(4)
