@@ -11,6 +11,7 @@
 # Each step has a time limit in seconds (T_TESTS, T_KERNELS, T_SWARM, T_BREAKDOWN, T_QUANT, T_GROWING, T_STANDBY)
 # so one call fits a lease;
 # TEST_FILES picks the test files of the `tests` step (default: every GPU test file).
+# MPS=1 runs every step under a private CUDA MPS daemon (stopped on exit; $OUT/mps.log shows its clients).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu}
@@ -24,7 +25,21 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 else
   export PYTHONPATH=$PWD
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+nvidia-smi --query-gpu=name,memory.total,driver_version,compute_mode --format=csv,noheader
+if [ "${MPS:-0}" = 1 ]; then
+  # A private CUDA MPS control daemon for this run's processes (their kernels then share one GPU
+  # context instead of taking time-sliced turns), stopped on exit; `mps.log` says whether each
+  # process really ran as an MPS client (its server list, and nvidia-smi's "M+C" process type).
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { echo "MPS daemon did not start" >&2; exit 1; }
+  ( for _ in $(seq 60); do
+      { date +%T; echo get_server_list | nvidia-cuda-mps-control; nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader; nvidia-smi | grep -E "M\+C|  C  " ; } >>"$OUT/mps.log" 2>&1
+      sleep 10
+    done ) >/dev/null 2>&1 &
+  MPS_POLL=$!
+  trap 'kill $MPS_POLL 2>/dev/null; echo quit | nvidia-cuda-mps-control; sleep 2; cp -r "$CUDA_MPS_LOG_DIRECTORY" "$OUT/mps-daemon-log" 2>/dev/null' EXIT
+fi
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
 
 while [ $# -gt 0 ]; do
