@@ -91,6 +91,8 @@ def child(a: argparse.Namespace) -> None:
     from shards.batch import BatchLayout
     from swarm.types import LayerRange
 
+    if a.cpu_threads > 0:
+        torch.set_num_threads(a.cpu_threads)  # as swarm-peer serve --num-threads does
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     batches = [int(b) for b in a.batches.split(",")]
@@ -156,6 +158,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--standby-resident", action="store_true",
                     help="a control: the standby's weights stay on the GPU (its steps compute, nothing is copied), to "
                          "tell the copy's share of the slowdown beside the host from the compute's")
+    ap.add_argument("--cpu-threads", type=int, default=0,
+                    help="torch CPU threads of each engine process (swarm-peer serve --num-threads; 0: torch's default, "
+                         "one per core, so two processes oversubscribe the cores)")
     ap.add_argument("--batches", default="1,16,64,256", help="decode batch sizes (sequences per step), comma-separated")
     ap.add_argument("--seconds", type=float, default=4.0, help="seconds each figure is timed for")
     ap.add_argument("--child", choices=("host", "streamed"), help=argparse.SUPPRESS)
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
                 f.unlink(missing_ok=True)
             cmd = [sys.executable, "-m", "benchmarks.bench_streamed_standby", "--child", role, "--checkpoint", str(checkpoint),
                    "--layers", str(a.layers), "--stream-quant", a.stream_quant, "--batches", a.batches,
-                   *(["--standby-resident"] if a.standby_resident else []),
+                   *(["--standby-resident"] if a.standby_resident else []), "--cpu-threads", str(a.cpu_threads),
                    "--seconds", str(a.seconds), "--ready", str(files["ready"]), "--go", str(go),
                    "--result", str(files["result"])]
             procs[role] = (subprocess.Popen(cmd), files)
@@ -208,8 +213,9 @@ def main(argv: list[str] | None = None) -> list[Row]:
                         round(stream, 3), round(stream_beside, 3), round(host_beside / stream_beside, 4)))
     host_dtype = "bf16" if torch.cuda.is_available() else "float32"
     where = "resident on the GPU (control)" if a.standby_resident else "streamed from host memory"
+    threads = a.cpu_threads or f"{torch.get_num_threads()} (torch's default)"
     print(f"{shape} layers, standby weights {a.stream_quant} {where}, host {host_dtype} resident "
-          f"({a.layers} layers, CUDA graphs where they apply); ms per layer of a decode step")
+          f"({a.layers} layers, CUDA graphs where they apply), {threads} CPU threads each; ms per layer of a decode step")
     print(f"{'batch':>6} {'host':>8} {'beside':>8} {'slowdown':>9} {'streamed':>9} {'beside':>8} {'ratio':>8}")
     for r in rows:
         print(f"{r.batch:>6} {r.host_ms_per_layer:>8.3f} {r.host_ms_per_layer_beside:>8.3f} {r.host_slowdown:>9.1%} "
@@ -217,8 +223,10 @@ def main(argv: list[str] | None = None) -> list[Row]:
     out = Path(os.environ.get("OUT") or "benchmarks/results")
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "shape": shape,
-            "layers": a.layers, "stream_quant": a.stream_quant, "standby_resident": a.standby_resident, "seconds": a.seconds, "torch": torch.__version__}
+            "layers": a.layers, "stream_quant": a.stream_quant, "standby_resident": a.standby_resident,
+            "cpu_threads": a.cpu_threads or torch.get_num_threads(), "seconds": a.seconds, "torch": torch.__version__}
     name = f"{a.stream_quant}_resident" if a.standby_resident else a.stream_quant
+    name += f"_threads{a.cpu_threads}" if a.cpu_threads else ""
     (out / f"bench_streamed_standby_{name}.json").write_text(
         json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
     return rows

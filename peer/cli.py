@@ -253,7 +253,7 @@ def serve(
     max_frame_mb: Annotated[int, typer.Option(help="Largest frame accepted, in MiB (default: the largest allowed tensor plus the message's other fields).")] = ServingLimits().max_frame_bytes // 2**20,
     max_client_pages_fraction: Annotated[float, typer.Option(help="Share of the KV cache one client may hold at once (its sessions and forward passes together), so one long prompt cannot leave other clients 'busy'. 1: no per-client cap.")] = 0.5,
     share_prefix_across_clients: Annotated[bool, typer.Option("--share-prefix-across-clients", help="Let clients reuse each other's cached prompt prefixes. Only for private swarms whose members all trust each other: a client could plant wrong KV pages under another's prompt. Default: each client shares only with itself.")] = False,
-    num_threads: Annotated[int, typer.Option(help="Torch CPU threads (0: torch's default).")] = 0,
+    num_threads: Annotated[int, typer.Option(help="Torch CPU threads. 0: 4 with --device cuda (a GPU peer's CPU work is small, and one thread per core would crowd out other processes on the machine, such as a standby beside it or a peer per GPU), else torch's default of one per core.")] = 0,
     no_cuda_graphs: Annotated[bool, typer.Option("--no-cuda-graphs", help="On CUDA, run decode steps eagerly instead of replaying captured CUDA graphs (slower; for debugging and comparison).")] = False,
     faulty: Annotated[float, typer.Option(hidden=True, help="TEST ONLY: add noise of this std to outputs.")] = 0.0,
     faulty_probability: Annotated[float, typer.Option(hidden=True, help="TEST ONLY: with --faulty, lie on this fraction of results.")] = 1.0,

@@ -11,6 +11,12 @@ from swarm.codec import Limits
 from swarm.types import LayerRange
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Torch CPU threads of a GPU peer unless --num-threads says otherwise. Its CPU work is small (step
+# layouts, staging copies), and torch's default of one thread per core oversubscribes a machine that
+# runs two such processes (a standby beside its host's peer, one peer per GPU): on an H200 host of 16
+# cores a peer decoding beside a streaming standby kept 24-33% of its speed at torch's default in both
+# and 71-91% at 1 or 4 threads each, and alone it ran as fast at 1 thread as at 16 (docs/performance.md).
+GPU_PEER_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class PeerConfig:
     forward_priority: int = 1  # scheduling priority of stateless forwards; steps have 0, lower first
     alloc_timeout: float = 5.0  # a step that finds the page pool full waits this long, then gets "busy"
     step_timeout: float = 30.0  # downstream push timeout
-    num_threads: int = 0  # torch intra-op threads; 0 keeps torch's default
+    num_threads: int = 0  # torch intra-op threads; 0: GPU_PEER_THREADS on CUDA, torch's default on a CPU (cpu_threads)
     cuda_graphs: bool = True  # decode-only batches on CUDA replay captured graphs (--no-cuda-graphs: eager)
     balance_period: float = 120.0  # seconds between re-reads of the swarm (randomised +-25%)
     balance_quality: float = 0.75  # move only if the bottleneck grows by more than 1/quality
@@ -92,6 +98,14 @@ class PeerConfig:
     stream_weights: bool = False
     faulty: FaultyOutputs | None = None  # TEST ONLY: a lying peer, to exercise client verification
     limits: ServingLimits = field(default_factory=ServingLimits)
+
+    @property
+    def cpu_threads(self) -> int:
+        """The torch intra-op threads the peer sets; 0: leave torch's default (one per core), which a
+        CPU peer computes with."""
+        if self.num_threads > 0:
+            return self.num_threads
+        return GPU_PEER_THREADS if self.device.startswith("cuda") else 0
 
     @property
     def weights_device(self) -> str:

@@ -92,8 +92,8 @@ class PeerServer(Moves):
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
-        if cfg.num_threads > 0:
-            torch.set_num_threads(cfg.num_threads)
+        if cfg.cpu_threads > 0:
+            torch.set_num_threads(cfg.cpu_threads)
         logger.info("joining the swarm (%d initial peers)", len(cfg.initial_peers))
         self.node = await loop.run_in_executor(
             None,
