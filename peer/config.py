@@ -15,7 +15,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # layouts, staging copies), and torch's default of one thread per core oversubscribes a machine that
 # runs two such processes (a standby beside its host's peer, one peer per GPU): on an H200 host of 16
 # cores a peer decoding beside a streaming standby kept 24-33% of its speed at torch's default in both
-# and 71-91% at 1 or 4 threads each, and alone it ran as fast at 1 thread as at 16 (docs/performance.md).
+# and 70-96% at 1 or 4 threads each, and alone it ran as fast at 1 thread as at 16 (docs/performance.md).
 GPU_PEER_THREADS = 4
 
 
