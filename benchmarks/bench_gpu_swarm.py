@@ -257,12 +257,6 @@ def main() -> None:
     parser.add_argument("--checkpoint", type=Path, default=None,
                         help="Folder of the random checkpoint: reused when an earlier run wrote it (default: a new "
                              "temporary folder).")
-    parser.add_argument("--checkpoint", type=Path, default=None,
-                        help="Folder of the random checkpoint: reused when an earlier run wrote it (default: a new "
-                             "temporary folder).")
-    parser.add_argument("--profile", action="store_true",
-                        help="After each setup's batch-1 timing, record py-spy profiles of the client and peers "
-                             "during ~5 s of decoding ($OUT/profile-SETUP-WHO.txt, raw format).")
     args = parser.parse_args()
     dev = torch.cuda.get_device_properties(0)
     out_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
