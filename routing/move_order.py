@@ -15,7 +15,8 @@ few layers first and the stretch stayed dark (the swarm's max flow 0) until the 
 through. Each loader now announces the layers it still has to load, in order (the record's
 `loading_order`), and a layer nobody serves weighs less for the next loader as another brings it
 sooner (gap_weight): the next one starts where the others arrive last. Simulated at 1,000 peers
-(docs/balancing.md, twenty-fifth session): an episode on standbys alone lasts about 2 s less.
+(docs/balancing.md, twenty-fifth session): 12% less time with some layer on standbys alone (2.12%
+against 2.40% of the time, twelve seeds), the same moves.
 """
 
 from __future__ import annotations
