@@ -71,7 +71,7 @@ def test_record_with_infinite_layers_is_dropped_and_view_works(trio) -> None:
     {"throughput": 1e9}, {"throughput": float("nan")}, {"layers": [0, 30]}, {"num_layers": 10**9},
     {"public_name": "x" * 10_000}, {"addrs": ["/ip4/1.2.3.4/tcp/1"] * 1000}, {"free_pages": -1},
     {"moving_to": [4, 30]}, {"moving_to": [6, 5]}, {"standby": "yes"},
-    {"loading_order": [3, 4]}, {"loading_order": [5, 5]}, {"loading_order": list(range(4, 8)) * 300},
+    {"loading_order": [3, 4]}, {"loading_order": [5, 5]}, {"loading_order": [4.5]},
 ])
 def test_out_of_range_claims_are_dropped_alone(trio, claim) -> None:
     bootstrap, victim, attacker = trio

@@ -341,8 +341,8 @@ def test_loaders_of_a_dark_stretch_take_turns_so_episodes_on_standbys_alone_are_
     weighs a dark layer less the sooner another brings it (routing.gap_weight): they meet in the middle
     instead of all lighting the same end first. 60 peers at 2x, 30%/h churn, every departure abrupt,
     30% standbys: less time on standbys alone on every seed (0-3: 0.67 / 0.47 / 1.19 / 1.06% of the
-    hour against 0.78 / 0.52 / 1.33 / 1.26%; 13 of 13 seeds with an episode over 60- and 100-peer
-    swarms, 13-27% less), and the same moves: only the load order changes."""
+    hour against 0.78 / 0.52 / 1.33 / 1.26%; on 14 of 14 seeds with an episode over 60- and 100-peer
+    swarms, 4-28% less, 15% summed), and the same moves: only the load order changes."""
     before = after = 0.0
     for seed in (0, 1, 2, 3):
         cfg = dict(peers=60, hours=1.0, seed=seed, churn=0.3, redundancy=2.0, graceful=0.0, standby_share=0.3,
