@@ -70,8 +70,9 @@ the copy, about constant in the batch): --standby-stream-ratio R is a resident l
 streamed one's on the host's GPU (benchmarks/bench_streamed_standby.py's stream_ratio), so a
 standby serving m layers no GPU peer serves carries R x its host's per-layer rate (thr x k) / m
 tokens/s through each of them, and --standby-stream-host-slowdown H cuts its host's own capacity
-by H meanwhile (measured beside each other on the H200: R 0.083, H 0.71-0.75 at 16-64 sequences a
-step; docs/performance.md). Only the max-flow sample changes (the bound, spread routes and every decision
+by H meanwhile (measured beside each other on the H200 at 16-64 sequences a step, each process at a
+GPU peer's 4 CPU threads: R 0.029-0.042, H about 0.2; the earlier R 0.083, H 0.71-0.75 were two
+processes of 16 threads on 16 cores; docs/performance.md). Only the max-flow sample changes (the bound, spread routes and every decision
 do not), so a run is paired with the same seed's run without them.
 
 --serve-by-layer: a loading GPU peer (a joiner or a mover) serves each layer as it arrives, as one
