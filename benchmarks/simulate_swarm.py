@@ -26,7 +26,9 @@ Joins and moves are tiered as in routing.balance: a peer weighs only the peers h
 least as many layers as it does (per-size arrays here), and staggered: windows are also ranked by
 the throughput crossing their inner boundaries (routing.balance; --no-stagger: they abut, the rule before).
 --warmup-hours runs the swarm before measuring, so the numbers describe its steady state rather
-than its first placement.
+than its first placement. --trace FILE writes the served max flow at every change of the measured
+hours with the event that caused it (benchmarks/sim_trace.py); benchmarks/sim_dips.py splits the time
+below the usual level by cause.
 An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
 until it expires, 2/3 to 3/3 of RECORD_TTL_S later (peers re-announce every ttl / 3), or, when
 it was serving routes, until the crash watch drops it (peer/crash_watch.py): CRASH_SEEN_S after
@@ -102,6 +104,7 @@ from pathlib import Path
 from benchmarks.sim_optimum import optimum_bracket
 from benchmarks.sim_report import SimResult, format_table, plot
 from benchmarks.sim_swarm_state import SimPeer, SwarmArrays, WithoutPeer, array_mismatches, recount
+from benchmarks.sim_trace import FlowTrace
 from routing import (
     DEFAULT_QUALITY,
     FLOW_MOVE_COOLDOWN_S,
@@ -208,6 +211,7 @@ class SimConfig:
     joins_by_layer: bool = True  # ... joiners too, as the GPU peer does (False: movers only, the peer before)
     check_arrays: bool = False  # at every metric sample, compare the incremental arrays with a recount (tests)
     snapshots: str | None = None  # a JSONL file: the serving placement every SNAPSHOT_EVERY-th measured route sample
+    trace: str | None = None  # a JSONL file: the served max flow at every change of the measured hours, with its cause (sim_trace)
 
 
 def draw_peer(pop: random.Random, index: int) -> SimPeer:
@@ -389,6 +393,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         p.layers = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded,
                                  crossing=_crossing(swarm, p.k, cfg))
         peers[p.peer_id] = p
+        if tracer is not None:
+            tracer.cause("join", f"{p.peer_id} k={p.k} {p.layers}")
         if not instant:  # a warm swarm's first peers have long had their files
             p.prefetched_at = now + cfg.load_s_per_layer * p.k + cfg.prefetch_s
         swarm.place(p, +1)
@@ -442,6 +448,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         while loading); its capacity counts k * thr in the max flow from the first layer on."""
         layer = p.to_load.pop(0)
         p.arrived.append(layer)
+        if tracer is not None:
+            tracer.cause("layer", f"{layer} for {p.peer_id} k={p.k} -> {p.layers} ({len(p.arrived)} of {p.k} loaded)")
         swarm.serve(LayerRange(layer, layer + 1), p, +1)
         swarm.stay(LayerRange(layer, layer + 1), p, +1)
         wake_standbys(now)
@@ -461,6 +469,8 @@ def simulate(cfg: SimConfig) -> SimResult:
                 push(now, "drained", q.peer_id)
 
     def go_online(p: SimPeer) -> None:
+        if tracer is not None:
+            tracer.cause("online", f"{p.peer_id} k={p.k} {p.layers}")
         p.serving = p.layers
         swarm.serve(p.serving, p, +1)
         swarm.stay(p.serving, p, +1)
@@ -491,10 +501,12 @@ def simulate(cfg: SimConfig) -> SimResult:
                 expires = min(expires, now + seen)
             push(expires, "expire", p.peer_id)
 
+    tracer = FlowTrace(Path(cfg.trace)) if cfg.trace else None
     view_flow: list = [-1, (0.0, None)]  # (swarm.placements it was computed at, routing.swarm_flow)
 
-    def try_move(p: SimPeer, now: float, delay: float = 0.0) -> bool:
-        """Balance check of p; a move decided now starts loading after `delay` (its react wait)."""
+    def try_move(p: SimPeer, now: float, delay: float = 0.0, reacting: bool = False) -> bool:
+        """Balance check of p (`reacting`: to a gap or thin layer); a move decided now starts loading
+        after `delay` (its react wait)."""
         others, counted = _balance_arrays(swarm, p.k, cfg, counts)
         others, counted = others[:], None if counted is None else counted[:]
         for layer in range(p.layers.start, p.layers.end):
@@ -515,6 +527,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         # runs with standbys almost never see, and it would make the GPU peers' run depend on them.
         target = plan_move(others, online, p.layers, p.thr, cfg.quality, counted, discount=cfg.sole_discount,
                            guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit(), crossing=crossing)
+        strength = target is not None
         if target is None and cfg.flow_moves and (p.moved_at is None or now - p.moved_at >= cfg.flow_move_cooldown_s):
             counted_peers = [q for q in [*peers.values(), *expiring.values()] if not q.draining]
             if view_flow[0] != swarm.placements:  # every peer reading this view shares its max flow
@@ -529,6 +542,9 @@ def simulate(cfg: SimConfig) -> SimResult:
                                     swarm.thin_limit(), view_flow[1], gain, tier_crossing=crossing)
         if target is None:
             return False
+        if tracer is not None:
+            tracer.cause("move_react" if reacting else "move_strength" if strength else "move_flow",
+                         f"{p.peer_id} k={p.k} {p.layers} -> {target}")
         # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
         # one range cannot keep the old one (a peer with room for both serves on, peer/server.py
         # migrate; plan_move lets nobody move whose layers would go dark either way).
@@ -598,6 +614,10 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     while events and events[0][0] <= end:
         now, _, kind, pid, gen = heapq.heappop(events)
+        if tracer is not None and now >= start:  # what the events before this one left served
+            tracer.observe(now, (sum(swarm.online_thr), swarm.gpu_uncovered, len(peers)), bool(swarm.gpu_uncovered),
+                           lambda: _placement([q for q in peers.values() if q.served is not None], cfg.growing_share),
+                           num_layers, lambda: sum(q.thr * q.k for q in peers.values()) / num_layers)
         dt = now - last
         if swarm.uncovered:
             uncovered_time += dt
@@ -637,6 +657,8 @@ def simulate(cfg: SimConfig) -> SimResult:
                     push(now + THIN_GRACE_S, "drained", pid)
                     maybe_react(now, 0.0)
             else:
+                if tracer is not None:
+                    tracer.cause("drained" if graceful else "crash", f"{pid} k={p.k} {p.served}")
                 leave(p, now)
             wake_standbys(now)
         elif kind == "expire":
@@ -648,6 +670,8 @@ def simulate(cfg: SimConfig) -> SimResult:
                 continue
             drains_timed_out += now >= p.drain_deadline and not swarm.covered_without(p)
             drain_s.append(now - drain_started.pop(pid))
+            if tracer is not None:
+                tracer.cause("drained", f"{pid} k={p.k} {p.served}")
             leave(p, now)
             wake_standbys(now)
         elif kind == "online" and p is not None and gen == p.generation:
@@ -682,7 +706,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             for q in candidates:
                 if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
                     break  # every gap and thin layer has a server loading it
-                if try_move(q, now, delay[q.peer_id]):
+                if try_move(q, now, delay[q.peer_id], reacting=True):
                     migrations += 1
                     wake_standbys(now)
                     if not cfg.fast_fill:
@@ -777,6 +801,8 @@ def simulate(cfg: SimConfig) -> SimResult:
     def mean(values: list[float]) -> float | None:
         return sum(values) / len(values) if values else None
 
+    if tracer is not None:
+        tracer.finish(end)
     return SimResult(
         config=asdict(cfg),
         num_layers=num_layers,
@@ -996,6 +1022,10 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--no-thin", action="store_true",
                     help="peers decide at once only on gaps, not thin layers, a drain leaves once covered, and a move may leave its layers thin (the rule before)")
     ap.add_argument("--throughput-only", action="store_true", help="balance on throughput alone (no discount of sole-served layers)")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="write the served max flow at every change of the measured hours, with the event that "
+                         "caused it, to this JSONL file (benchmarks/sim_dips.py reads it; slower: thousands of max "
+                         "flows per simulated hour at 1,000 peers)")
     ap.add_argument("--snapshots", type=Path, default=None,
                     help="append the serving placement of every 10th measured route sample to this JSONL file "
                          "(benchmarks/sim_fragility.py reads it: how deep one crash cuts the max flow)")
@@ -1031,7 +1061,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     react_clean_first=not a.exposing_peers_react_as_soon, serve_by_layer=a.serve_by_layer is not None,
                     coordinated_loads=not a.no_coordinated_loads,
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
-                    snapshots=None if a.snapshots is None else str(a.snapshots))
+                    snapshots=None if a.snapshots is None else str(a.snapshots),
+                    trace=None if a.trace is None else str(a.trace))
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"
