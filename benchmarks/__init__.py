@@ -17,7 +17,10 @@ peer), bench_gpu_swarm.py (peers end to end through the CLI and client) and benc
 
 Balancing (docs/balancing.md):
 - simulate_swarm.py         the churning swarm, balancing itself with routing/; sim_swarm_state.py
-                            its peers and per-layer arrays, sim_report.py its result and table
+                            its peers and per-layer arrays, sim_report.py its result and table,
+                            sim_trace.py its served max flow at every change (--trace)
+- sim_dips.py               a trace's loss below its median, by the event that opened each dip
+- sim_fragility.py          how much of the max flow one crash takes, against the profile placement
 - sim_optimum.py            the optimum: a MILP for small swarms, a bracket (optimum_bracket) for large ones
 - sim_bracket.py            that bracket per seed for the simulator's swarms
 - sim_cluster.py            Helix-like clusters against the proven optimum
