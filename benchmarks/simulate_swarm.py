@@ -614,8 +614,8 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     while events and events[0][0] <= end:
         now, _, kind, pid, gen = heapq.heappop(events)
-        if tracer is not None and now >= start:  # what the events before this one left served
-            tracer.observe(now, (sum(swarm.online_thr), swarm.gpu_uncovered, len(peers)), bool(swarm.gpu_uncovered),
+        if tracer is not None and now >= start:  # what the events before this one left served, since the last
+            tracer.observe(max(last, start), (sum(swarm.online_thr), swarm.gpu_uncovered, len(peers)), bool(swarm.gpu_uncovered),
                            lambda: _placement([q for q in peers.values() if q.served is not None], cfg.growing_share),
                            num_layers, lambda: sum(q.thr * q.k for q in peers.values()) / num_layers)
         dt = now - last
