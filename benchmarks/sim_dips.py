@@ -52,6 +52,7 @@ class DipReport:
     dark_share: float  # share of the time at 0: some layer had no GPU server
     lost_by_cause: dict[str, float]  # points of the mean (flow / bound x 100) below the median, per cause
     drops_by_cause: dict[str, int]
+    deep_share: float  # the dips listed took at least this share of the flow
     deep: list[Dip]
 
 
@@ -61,6 +62,7 @@ def _segments(points: list[TracePoint]) -> list[tuple[TracePoint, float]]:
 
 
 def analyse(points: list[TracePoint], deep_share: float = DEEP_SHARE) -> DipReport:
+    """The report of a trace's points (module docstring); the dips listed take `deep_share` of the flow or more."""
     segments = _segments(points)
     total = sum(d for _, d in segments)
     if total <= 0:
@@ -84,7 +86,7 @@ def analyse(points: list[TracePoint], deep_share: float = DEEP_SHARE) -> DipRepo
             lost[blamed] = lost.get(blamed, 0.0) + (median - p.flow) * d
     lost_points = {c: 100 * v / total for c, v in sorted(lost.items(), key=lambda kv: -kv[1])}
     return DipReport(total, mean, median, sum(d for p, d in segments if p.flow <= 0) / total,
-                     lost_points, drops, _deep_dips(points, deep_share))
+                     lost_points, drops, deep_share, _deep_dips(points, deep_share))
 
 
 def _deep_dips(points: list[TracePoint], deep_share: float) -> list[Dip]:
@@ -112,7 +114,7 @@ def format_report(r: DipReport) -> str:
              f"{'cause':14} {'points':>7} {'drops':>6}"]
     for cause, points in r.lost_by_cause.items():
         lines.append(f"{cause:14} {points:7.2f} {r.drops_by_cause.get(cause, 0):6d}")
-    lines.append(f"\n{len(r.deep)} dips deeper than {DEEP_SHARE:.0%} of the flow:")
+    lines.append(f"\n{len(r.deep)} dips that took {r.deep_share:.0%} of the flow or more:")
     lines.append(f"{'t (s)':>8} {'cause':13} {'before':>7} {'lowest':>7} {'first rise':>10} {'back to 95%':>11}  detail")
     for d in r.deep:
         rise = "-" if d.first_rise_s is None else f"{d.first_rise_s:.1f} s"
