@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from routing.flow import bottleneck_layer, max_flow_of
+from routing.flow import flow_and_bottleneck
 from swarm.types import LayerRange
 
 # The events a trace names (SimConfig.trace). A crash and a drain's end take a serving peer away (a
@@ -69,8 +69,7 @@ class FlowTrace:
             return
         self._signature = signature
         placement = [] if dark else served()
-        flow = max_flow_of(placement, num_layers, TRACE_TOLERANCE) if placement else 0.0
-        bottleneck = bottleneck_layer(placement, num_layers) if flow > 0 else None
+        flow, bottleneck = flow_and_bottleneck(placement, num_layers, TRACE_TOLERANCE) if placement else (0.0, None)
         capacity = bound()
         cause = self._cause if self.points else "other"  # the first point is where the trace starts
         self.points.append(TracePoint(now, flow / capacity if capacity else 0.0, cause, self._detail,
