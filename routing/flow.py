@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
@@ -74,37 +75,74 @@ def flow_and_bottleneck(placement: list[tuple[LayerRange, float]], num_layers: i
 
 
 def _first_short_layer(placement: list[tuple[LayerRange, float]], num_layers: int, flow: float) -> int | None:
-    """feasible()'s greedy, returning the first layer it cannot feed (None: it feeds them all).
+    """feasible()'s greedy, returning the first layer it cannot feed (None: it feeds them all)."""
+    return _feed(placement, num_layers, flow, stop_at_first=True).first_short
+
+
+@dataclass(frozen=True)
+class GreedyFeed:
+    """Glover's greedy run through every layer at one flow (feed_greedily)."""
+
+    first_short: int | None  # the first layer it cannot feed in full (None: it feeds them all)
+    shortfall: float  # layer-tokens/s it could not feed, over all layers: 0 iff the flow is feasible
+    unused: list[float]  # per peer (placement order), capacity left when its window ended: wasted there
+
+
+def feed_greedily(placement: list[tuple[LayerRange, float]], num_layers: int, flow: float) -> GreedyFeed:
+    """Feed every layer `flow` from the peers whose intervals end soonest, on past the short layers.
+
+    On a convex graph this greedy feeds the most any rates could, so `shortfall` is exactly what
+    `placement` lacks for `flow`, and `unused` says which peers' windows end with capacity nobody
+    could take: where a placement search should shift windows (benchmarks/sim_optimum.climbed_placement).
+    """
+    return _feed(placement, num_layers, flow, stop_at_first=False)
+
+
+def _feed(placement: list[tuple[LayerRange, float]], num_layers: int, flow: float, stop_at_first: bool) -> GreedyFeed:
+    """The greedy of feasible() and feed_greedily(): stops at the first short layer or feeds them all.
 
     Between two consecutive interval ends or starts the open peers do not change, so the greedy
     feeds such a run of m layers in one go: m * flow drawn from the soonest-ending peers first,
     as layer-by-layer feeding would. O((peers) log peers), not O(layers): 3-4x faster at 7,000 layers.
     """
-    starting: dict[int, list[tuple[int, float]]] = {}
+    starting: dict[int, list[list]] = {}
     bounds = {0, num_layers}
-    for layers, capacity in placement:
+    for index, (layers, capacity) in enumerate(placement):
         if capacity > 0:
-            starting.setdefault(layers.start, []).append((layers.end, capacity))
+            starting.setdefault(layers.start, []).append([layers.end, capacity, index])
             bounds.update((min(layers.start, num_layers), min(layers.end, num_layers)))
     residue = flow * RELATIVE_TOLERANCE * 1e-3  # float residue, far below the bisection tolerance
-    open_peers: list[list[float]] = []  # heap of [end, remaining capacity]
+    unused = [] if stop_at_first else [0.0] * len(placement)
+    open_peers: list[list] = []  # heap of [end, remaining capacity, index]
+    first_short: int | None = None
+    shortfall = 0.0
     edges = sorted(bounds)
     for first, stop in zip(edges, edges[1:]):
-        for end, capacity in starting.get(first, ()):
-            heapq.heappush(open_peers, [end, capacity])
+        for entry in starting.get(first, ()):
+            heapq.heappush(open_peers, entry)
         while open_peers and open_peers[0][0] <= first:
-            heapq.heappop(open_peers)  # ended before this run: its rest is lost
+            entry = heapq.heappop(open_peers)  # ended before this run: its rest is lost
+            if unused:
+                unused[entry[2]] = entry[1]
         need = (stop - first) * flow
         while need > residue:
             if not open_peers:  # fed (stop - first) * flow - need: that many whole layers
-                return first + int(((stop - first) * flow - need + residue) / flow)
+                if first_short is None:
+                    first_short = first + int(((stop - first) * flow - need + residue) / flow)
+                    if stop_at_first:
+                        return GreedyFeed(first_short, need, unused)
+                shortfall += need
+                break
             top = open_peers[0]
             take = min(top[1], need)
             need -= take
             top[1] -= take
             if top[1] <= 0:
                 heapq.heappop(open_peers)
-    return None
+    for entry in open_peers:
+        if unused:
+            unused[entry[2]] = entry[1]
+    return GreedyFeed(first_short, shortfall, unused)
 
 
 def max_flow_of(placement: list[tuple[LayerRange, float]], num_layers: int,
