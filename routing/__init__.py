@@ -33,7 +33,8 @@ Only `swarm.types` is imported from the rest of the project.
              parallel routes by spare capacity, near the max flow (fastest route while it has room).
 - flow.py    max_flow_throughput, capacity_bound: the most tokens/s a placement can serve
              (exact max flow on the layer graph), the optimum placement and routing aim at;
-             bottleneck_layer / flow_and_bottleneck: where it runs dry (joins and flow moves go there).
+             bottleneck_layer / flow_and_bottleneck: where it runs dry (joins and flow moves go there);
+             feed_greedily: what a placement lacks for a flow, and which windows end with capacity unused.
 """
 
 from routing.balance import (
