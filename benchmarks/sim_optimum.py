@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from routing.balance import choose_window
-from routing.flow import feed_greedily, max_flow_of
+from routing.flow import GreedyFeed, feed_greedily, max_flow_of
 from swarm.types import LayerRange
 
 
@@ -195,19 +195,23 @@ def profile_placement(peers: list[tuple[int, float]], num_layers: int) -> tuple[
 PROFILE_SLACKS = (0.0, 0.003, 0.01, 0.03)
 
 
-# climbed_placement: it aims CLIMB_STEP above the best max flow so far and shifts one window at a time
-# while that cuts the shortfall there; when no shift does, it aims a quarter as far, down to
-# CLIMB_STEP_FLOOR. The shifts tried per window, nearest first, then farther up the model (a window
-# that ends with capacity nobody could take moves on to where it is needed). The windows tried: those
+# climbed_placement: it aims CLIMB_STEP above the best max flow so far and shifts windows while that
+# cuts the shortfall there; when nothing does, it aims a quarter as far, down to CLIMB_STEP_FLOOR.
+# First one window at a time: CLIMB_SHIFTS per window, nearest first, then farther up the model (a
+# window that ends with capacity nobody could take moves on to where it is needed), for the windows
 # within CLIMB_REACH layers of the first layer short at the aim, nearest first, then every window that
-# ended with capacity unused, most first. CLIMB_TRIES bounds the work: on the simulator's 1,000-peer
-# swarms at 2x it stops by itself after 4,000-7,000 shifts tried, 10-15 s (docs/balancing.md,
-# twenty-seventh session); at 200 peers well under a second.
+# ended with capacity unused, most first. Then, where no single shift helps (a tight chain of windows
+# of which each shift only moves the shortfall to the next), blocks: every window starting within w
+# layers after the short layer one or two layers down, or every one ending within w before it one or
+# two up, for w in CLIMB_BLOCKS. CLIMB_TRIES bounds the work: on the simulator's 1,000-peer swarms at
+# 2x it stops after 5,000-10,000 shifts tried, 10-30 s (docs/balancing.md, twenty-seventh session);
+# at 200 peers about a second.
 CLIMB_STEP = 1e-3
 CLIMB_STEP_FLOOR = 1e-5
 CLIMB_SHIFTS = (1, -1, 2, -2, 3, -3, 4, -4, 6, -6, 8, -8, 12, 16)
 CLIMB_REACH = 30
-CLIMB_TRIES = 8000
+CLIMB_BLOCKS = (4, 8, 16, 32, 64, 128, 256)
+CLIMB_TRIES = 10000
 
 
 def climbed_placement(peers: list[tuple[int, float]], num_layers: int,
@@ -218,7 +222,8 @@ def climbed_placement(peers: list[tuple[int, float]], num_layers: int,
     adds up: on the simulator's 1,000-peer swarms it sits 1.2-2.6 points of sum(c) / L under the
     capped bound. Glover's greedy at a flow just above the current one says exactly what is missing
     there (routing.flow.feed_greedily: the shortfall, the first short layer, the capacity each window
-    ended with unused); a shift of one window that lowers that shortfall is kept (constants above).
+    ended with unused); a shift of one window, or of a block of them next to the short layer, that
+    lowers that shortfall is kept (constants above).
     Deterministic: ties go to the lower index.
     """
     capacities = [c for _, c in peers]
@@ -257,6 +262,9 @@ def climbed_placement(peers: list[tuple[int, float]], num_layers: int,
                 spans[i] = span
             if kept:
                 break
+        if not kept:
+            tries += 4 * len(CLIMB_BLOCKS)
+            kept = _shift_block(spans, capacities, num_layers, aim, fed)
         if kept:
             now = max_flow_of(placement(), num_layers)
             best = max(best, (now, tuple(spans)), key=lambda b: b[0])
@@ -266,6 +274,28 @@ def climbed_placement(peers: list[tuple[int, float]], num_layers: int,
         else:
             break
     return best
+
+
+def _shift_block(spans: list[LayerRange], capacities: list[float], num_layers: int, aim: float, fed: GreedyFeed) -> bool:
+    """climbed_placement's block shifts (constants above): keep the first that cuts `fed`'s shortfall at `aim`."""
+    short = fed.first_short
+    assert short is not None
+    for width in CLIMB_BLOCKS:
+        for shift in (-1, -2, 1, 2):
+            if shift < 0:  # the windows starting just after the short layer, down onto it
+                block = [i for i, span in enumerate(spans) if short < span.start <= short + width]
+            else:  # the windows ending just before it, up onto it
+                block = [i for i, span in enumerate(spans) if short - width < span.end <= short]
+            if not block or not all(0 <= spans[i].start + shift <= num_layers - len(spans[i]) for i in block):
+                continue
+            before = [spans[i] for i in block]
+            for i in block:
+                spans[i] = LayerRange(spans[i].start + shift, spans[i].end + shift)
+            if feed_greedily(list(zip(spans, capacities)), num_layers, aim).shortfall < fed.shortfall - aim * 1e-9:
+                return True
+            for i, span in zip(block, before):
+                spans[i] = span
+    return False
 
 
 @dataclass(frozen=True)
