@@ -21,7 +21,8 @@ Balancing (docs/balancing.md):
                             sim_trace.py its served max flow at every change (--trace)
 - sim_dips.py               a trace's loss below its median, by the event that opened each dip
 - sim_fragility.py          how much of the max flow one crash takes, against the profile placement
-- sim_optimum.py            the optimum: a MILP for small swarms, a bracket (optimum_bracket) for large ones
+- sim_optimum.py            the optimum: a MILP for small swarms, a bracket (optimum_bracket: one-pass placements
+                            climbed by window shifts below, the capped bound above) for large ones
 - sim_bracket.py            that bracket per seed for the simulator's swarms
 - sim_cluster.py            Helix-like clusters against the proven optimum
 - sim_decisions.py          how long a placement decision and a route choice take at 1,000 peers

@@ -219,7 +219,7 @@ def climbed_placement(peers: list[tuple[int, float]], num_layers: int,
     """The best (max flow, placement) a local search from `start` finds: a placement, so no optimum is below it.
 
     The profile placement rounds every window's end to a whole layer, and what those roundings waste
-    adds up: on the simulator's 1,000-peer swarms it sits 1.2-2.6 points of sum(c) / L under the
+    adds up: on the simulator's 1,000-peer swarms it sits 0.7-3.9 points of sum(c) / L under the
     capped bound. Glover's greedy at a flow just above the current one says exactly what is missing
     there (routing.flow.feed_greedily: the shortfall, the first short layer, the capacity each window
     ended with unused); a shift of one window, or of a block of them next to the short layer, that
