@@ -204,7 +204,7 @@ PROFILE_SLACKS = (0.0, 0.003, 0.01, 0.03)
 # of which each shift only moves the shortfall to the next), blocks: every window starting within w
 # layers after the short layer one or two layers down, or every one ending within w before it one or
 # two up, for w in CLIMB_BLOCKS. CLIMB_TRIES bounds the work: on the simulator's 1,000-peer swarms at
-# 2x it stops after 5,000-10,000 shifts tried, 10-30 s (docs/balancing.md, twenty-seventh session);
+# 2x it stops after 5,000-10,000 shifts tried, 10-35 s (docs/balancing.md, twenty-seventh session);
 # at 200 peers about a second.
 CLIMB_STEP = 1e-3
 CLIMB_STEP_FLOOR = 1e-5
