@@ -129,7 +129,7 @@ def _feed(placement: list[tuple[LayerRange, float]], num_layers: int, flow: floa
             if not open_peers:  # fed (stop - first) * flow - need: that many whole layers
                 if first_short is None:
                     first_short = first + int(((stop - first) * flow - need + residue) / flow)
-                    if stop_at_first:
+                    if stop_at_first:  # feasible() needs no more: the shortfall is this run's alone
                         return GreedyFeed(first_short, need, unused)
                 shortfall += need
                 break
