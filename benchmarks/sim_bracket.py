@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> list[SeedBracket]:
     print(f"{'seed':>4} {'layers':>6} {'bound':>7} {'one-pass':>8} {'profile':>7} {'optimum in (climbed, capped)':>28} {'s':>5}")
     for r in rows:
         print(f"{r.seed:>4} {r.layers:>6} {r.bound:>7.2f} {r.one_pass:>8.2%} {r.profile:>7.2%} "
-              f"{'':>12}[{r.low:.2%}, {r.high:.2%}] {r.seconds:>5.2f}")
+              f"{f'[{r.low:.2%}, {r.high:.2%}]':>28} {r.seconds:>5.2f}")
     out = a.json or Path(__file__).parent / "results" / f"bracket_{a.peers}_{a.redundancy:g}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps([asdict(r) for r in rows], indent=1))
