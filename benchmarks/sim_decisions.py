@@ -6,7 +6,8 @@ Builds a SwarmView of `peers` peers drawn from the simulator's GPU classes, plac
 another where the swarm is weakest, on an 80-layer model and on a model sized for 2x redundancy,
 then times (median CPU time of `repeat` calls) what a peer and a client compute from the DHT view:
 choose_layers (join), should_move (balance check), flow_move (the same check when should_move says stay,
-timed for a peer that may leave its layers and does not hold the bottleneck: the whole computation), urgent_layers (the watch every 5 s: gaps
+timed for a peer that may leave its layers and does not hold the bottleneck: the whole computation; "calm":
+a calm swarm's, which tries every window holding the first short layer, routing.churn), urgent_layers (the watch every 5 s: gaps
 and thin layers), exposes_on_leaving (the same watch once it wakes: does this peer react a step later),
 standby_layers (a standby's check, with every peer on its own machine), choose_route on an idle and a busy swarm, and the exact max
 flow (routing.flow; only the simulator and benchmarks need it).
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> dict:
             "should_move_ms": median_ms(lambda v=view, me=me: should_move(v, me), a.repeat),
             "flow_move_ms": median_ms(lambda v=view, me=full_flow_check_peer(view): flow_move(v, me, since_last_move_s=None),
                                       a.repeat),
+            "flow_move_calm_ms": median_ms(lambda v=view, me=full_flow_check_peer(view):
+                                           flow_move(v, me, since_last_move_s=None, calm=True), a.repeat),
             "urgent_layers_ms": median_ms(lambda v=view: urgent_layers(v), a.repeat),
             "exposes_on_leaving_ms": median_ms(lambda v=view, me=me: exposes_on_leaving(v, me), a.repeat),
             "standby_layers_ms": median_ms(lambda v=view, m=machines: standby_layers(v, "standby", 8, m), a.repeat),
@@ -111,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
             "choose_route_busy_ms": median_ms(lambda v=busy, rng=rng: choose_route(v, rng), a.repeat),
             "max_flow_ms": median_ms(lambda v=view: max_flow_throughput(v), 1),
         }
-    header = ["view", "layers", "choose_layers", "should_move", "flow_move", "urgent_layers", "exposes_on_leaving", "standby_layers", "choose_route idle", "choose_route busy", "max flow"]
+    header = ["view", "layers", "choose_layers", "should_move", "flow_move", "flow_move calm", "urgent_layers", "exposes_on_leaving", "standby_layers", "choose_route idle", "choose_route busy", "max flow"]
     print(" | ".join(header))
     for label, r in rows.items():
         print(" | ".join([label, str(r["layers"])] + [f"{r[k]:.1f} ms" for k in list(r)[1:]]))

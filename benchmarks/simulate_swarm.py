@@ -50,7 +50,9 @@ the same way, a draining peer whose layers would be thin without it stays while 
 loads there (peer/drain.py), and no peer moves away from layers it would leave thin
 (routing.plan_move; --no-thin: gaps alone, drains leave once covered, moves only keep them covered).
 A peer whose check finds no such move may still move to where the max flow runs dry, at most once
-per FLOW_MOVE_COOLDOWN_S (routing.flow_move; --no-flow-moves: never).
+per FLOW_MOVE_COOLDOWN_S (routing.flow_move; --no-flow-moves: never); while fewer than CALM_CHURN of
+the peers left in the last hour (routing.churn, one count for the swarm from its departures) such a
+move searches every window (--flow-move-search never: the rule before; always: whatever the churn).
 
 The model has num_layers = sum(k) / redundancy layers, so `redundancy` is how many times
 the swarm's memory could hold the model.
@@ -109,6 +111,7 @@ from routing import (
     DEFAULT_QUALITY,
     FLOW_MOVE_COOLDOWN_S,
     SOLE_DISCOUNT,
+    ChurnCount,
     NoRouteError,
     choose_window,
     first_arrivals,
@@ -191,6 +194,9 @@ class SimConfig:
     guard_discount: bool = True  # no SOLE_DISCOUNT on layers a standby holds (routing.guarded_layers)
     route_period_s: float = ROUTE_PERIOD_S  # seconds between route and max-flow samples
     flow_moves: bool = True  # a peer that should_move keeps in place may move for the max flow (routing.flow_move)
+    # When a flow move searches every window (routing.flow_move): "calm" as the peer does (a swarm-wide
+    # routing.ChurnCount of the departures), "never" (the rule before the twenty-eighth session), "always".
+    flow_move_search: str = "calm"
     flow_move_gain: float | None = None  # None: routing.flow_move_gain (the mover's share); a share: that, for every peer
     flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
     mover_share_gain: float = MOVER_SHARE_GAIN  # with flow_move_gain None: the multiple of the mover's share
@@ -502,6 +508,14 @@ def simulate(cfg: SimConfig) -> SimResult:
             push(expires, "expire", p.peer_id)
 
     tracer = FlowTrace(Path(cfg.trace)) if cfg.trace else None
+    churn = ChurnCount()  # every peer reads the same departures: one count for all (peer/balancer.py keeps one each)
+    churn.count(0.0, 0)
+
+    def search_flow_moves(now: float) -> bool:
+        """Does a flow move search every window now (SimConfig.flow_move_search; "calm": routing.churn)?"""
+        if cfg.flow_move_search != "calm":
+            return cfg.flow_move_search == "always"
+        return churn.calm(now, len(peers))
     view_flow: list = [-1, (0.0, None)]  # (swarm.placements it was computed at, routing.swarm_flow)
 
     def try_move(p: SimPeer, now: float, delay: float = 0.0, reacting: bool = False) -> bool:
@@ -539,7 +553,8 @@ def simulate(cfg: SimConfig) -> SimResult:
                 total = p.thr * p.k + sum(c for _, c in others_placed)
                 gain = flow_move_gain(p.thr * p.k, total, cfg.mover_share_gain)
             target = plan_flow_move(others_placed, num_layers, p.layers, p.thr * p.k, others, online, staying,
-                                    swarm.thin_limit(), view_flow[1], gain, tier_crossing=crossing)
+                                    swarm.thin_limit(), view_flow[1], gain, tier_crossing=crossing,
+                                    search=search_flow_moves(now))
         if target is None:
             return False
         if tracer is not None:
@@ -643,6 +658,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             push(now + pop.expovariate(cfg.peers * leave_rate), "arrive")
         elif kind == "depart" and p is not None and not p.draining:
             departures += 1
+            churn.count(now, 1)  # drainers turn DRAINING at once; a crash's record goes seconds later: counted now
             graceful = pop.random() < cfg.graceful
             if p.serving is not None and graceful:
                 drains += 1
@@ -977,6 +993,10 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="discount sole-served layers even where a standby guards them (the rule before: GPU peers ignore standbys)")
     ap.add_argument("--no-flow-moves", action="store_true",
                     help="running peers move only by should_move's strength rule, never for the max flow (the rule before)")
+    ap.add_argument("--flow-move-search", choices=("calm", "never", "always"), default="calm",
+                    help="when a flow move tries every window holding the first short layer and may cut the shortfall by "
+                         "routing.flow_move.SHORTFALL_CUT instead of reaching the aim: while fewer than 5%% of the peers left in the last hour (calm, as "
+                         "the peer does), never (only the lowest-total window, the rule before), or always")
     ap.add_argument("--flow-move-gain", type=float, default=None,
                     help="a fixed share by which every flow move must raise the swarm's max flow (default: "
                          "routing.flow_move_gain, --mover-share-gain times the mover's capacity share within 0.05-1%%; 0.01 is the rule before)")
@@ -1052,6 +1072,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     standby_stream_ratio=a.standby_stream_ratio,
                     standby_stream_host_slowdown=a.standby_stream_host_slowdown, thin=not a.no_thin,
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
+                    flow_move_search=a.flow_move_search,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
                     mover_share_gain=a.mover_share_gain,
                     crash_watch=not a.no_crash_watch, vanished_share=a.vanished_share,

@@ -21,8 +21,11 @@ Only `swarm.types` is imported from the rest of the project.
              server shift into the gap); when a draining peer may leave; who reacts a step later.
 - flow_move.py flow_move (array-level: plan_flow_move): a running peer moves to where the
              max flow runs dry when that raises it by flow_move_gain (its capacity share, x4,
-             within 0.05-1%), at most once per FLOW_MOVE_COOLDOWN_S (after should_move says
+             within 0.05-1%), or in a calm swarm to the window that cuts by SHORTFALL_CUT what the
+             swarm lacks for that, at most once per FLOW_MOVE_COOLDOWN_S (after should_move says
              stay); swarm_flow: the one max flow per view those checks share.
+- churn.py   ChurnCount: the departures a peer sees in its reads over the last hour; calm()
+             (fewer than CALM_CHURN of the peers) lets flow moves search.
 - standby.py standby_layers (standby_window, exposure): where a standby guards the layers one
              crash would leave dark; standby_load_order (load_order): in which order a loading
              standby should fetch and serve them, the exposed ones first, one growing range.
@@ -47,6 +50,7 @@ from routing.balance import (
     strengths,
 )
 from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
+from routing.churn import CALM_CHURN, ChurnCount
 from routing.costs import RouteCosts, hop_cost
 from routing.flow import capacity_bound, max_flow_throughput
 from routing.flow_move import (
@@ -80,6 +84,7 @@ __all__ = [
     "BAN_BASE_S",
     "BAN_CAP_S",
     "BAN_FACTOR",
+    "CALM_CHURN",
     "DEFAULT_QUALITY",
     "FLOW_MOVE_COOLDOWN_S",
     "FLOW_MOVE_GAIN",
@@ -87,6 +92,7 @@ __all__ = [
     "SOLE_DISCOUNT",
     "THIN_SHARE",
     "BanList",
+    "ChurnCount",
     "NoRouteError",
     "RouteCosts",
     "choose_layers",

@@ -1,30 +1,42 @@
-"""Flow moves: a peer moves to where the swarm's max flow runs dry, when that raises it enough.
+"""Flow moves: a peer moves to where the swarm's max flow runs dry, when that brings the swarm closer to more.
 
 should_move (routing/balance.py) weighs per-layer strengths and moves only for a 1/quality
 gain on the layers it touches, so it comes to rest well below what a good placement carries
 (docs/balancing.md: 62-73% of the capacity bound without churn, against 89-90% for the one-pass
 largest-first placement). The max flow (routing/flow.py) sees what strengths do not: a peer
-can spend its capacity on any of its layers, and what limits the swarm is one stretch where
-the flow runs dry. A flow move is the join rule applied again to a running peer: the window
-holding the swarm's bottleneck layer (routing.flow.bottleneck_layer) of lowest total throughput
-(choose_layers' flow-aware branch), taken when the swarm with the peer there can carry
-flow_move_gain more than the swarm's max flow now: a share that scales with what the mover
-gives up (its capacity share of the swarm), between FLOW_MOVE_GAIN_FLOOR and FLOW_MOVE_GAIN.
-One max flow per view (swarm_flow, exact to FLOW_TOLERANCE) serves every peer's check; each
-check itself is one greedy pass (routing.flow.feasible).
+can spend its capacity on any of its layers, and what limits the swarm is where the flow runs
+dry. A flow move aims flow_move_gain above the swarm's max flow now (a share that scales with
+what the mover gives up: its capacity share of the swarm, between FLOW_MOVE_GAIN_FLOOR and
+FLOW_MOVE_GAIN). One max flow per view (swarm_flow, exact to FLOW_TOLERANCE) serves every peer's
+check. Two rules, by how calm the swarm is (routing.churn, counted by each peer from its reads):
 
-Each flow move strictly raises the swarm's max flow (the smallest gain is ten times the flow's
-tolerance), so they cannot cycle; and a peer makes one at most every FLOW_MOVE_COOLDOWN_S,
-which bounds what they add to the move budget. Like any move, it leaves no layer dark or thin
-behind it (leaving.leaves_safely).
+* Churning (the default): the window holding the swarm's bottleneck layer of lowest total throughput
+  (choose_layers' flow-aware branch), taken when the swarm with the peer there reaches the aim. One
+  greedy pass (routing.flow.feasible). Each such move raises the max flow, so they cannot cycle.
+* Calm (`search`): Glover's greedy at the aim (routing.flow.feed_greedily) says exactly how much the
+  swarm lacks there and the first layer where it does; of the windows of the mover's size holding
+  that layer, the one that leaves the least lacking is the target (ties: the lowest total, as
+  above). It moves when that cuts what is lacking by SHORTFALL_CUT at least and the max flow does
+  not fall. A greedy pass per candidate window. A placement balanced this far has a flat-bottomed
+  max flow, several separate stretches within a hair of it (docs/balancing.md, twenty-second
+  session), and one move lifts only one of them: without churn the first rule soon makes no move,
+  and resting 200-peer swarms sat at 64-88% of sum(c) / L; this one lifts them to 90-97% (seeds 0-3),
+  and +1.7 points at 3%/h churn. Under 10%/h churn it buys its flow with moves the budget does not
+  have (1,000 peers over 1 move per peer-hour, for no flow; docs/balancing.md, twenty-eighth
+  session), hence the gate. These moves cannot cycle either: each keeps the max flow and either
+  raises it or, at the same flow (so the same aim), cuts the shortfall there by a fixed share; the
+  pair (flow, - shortfall) strictly improves over a finite set of placements.
+
+A peer makes a flow move at most every FLOW_MOVE_COOLDOWN_S, which bounds what they add to the move
+budget. Like any move, it leaves no layer dark or thin behind it (leaving.leaves_safely).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.balance import window_holding
-from routing.flow import feasible, flow_and_bottleneck
+from routing.balance import window_holding, window_total
+from routing.flow import feasible, feed_greedily, flow_and_bottleneck
 from routing.layer_view import (
     balanced_placement,
     crossing_throughput,
@@ -60,6 +72,13 @@ FLOW_TOLERANCE = FLOW_MOVE_GAIN_FLOOR / 10
 # peers, 1.08 at 1,000); at four times the share (MOVER_SHARE_GAIN) 0.65-1.03 at 200 peers and
 # 0.86-0.99 at 1,000, as high as 75 minutes reached (1.05) (docs/balancing.md, twenty-first session).
 FLOW_MOVE_COOLDOWN_S = 2700.0
+# A calm swarm's flow move that does not reach its aim must at least cut what the swarm lacks there by
+# this share: a real step each time (the shortfall falls geometrically), never a move that shaves a
+# little off for the mover's whole reload. Halving (0.5) left resting 200-peer swarms where a flat
+# bottom has many stretches locked at 64-69% of sum(c) / L (no one move halves it); a fifth lifts
+# them to 95.5-96.6% and gains 1.7 points at 3%/h churn (a tenth: the same, with more moves at 3%/h).
+# Measured in the simulator (docs/balancing.md, twenty-eighth session).
+SHORTFALL_CUT = 0.2
 
 
 def flow_move_gain(my_capacity: float, swarm_capacity: float, share_gain: float = MOVER_SHARE_GAIN) -> float:
@@ -88,35 +107,69 @@ def plan_flow_move(
     flow: tuple[float, int | None] | None = None,
     gain: float | None = None,
     tier_crossing: Sequence[float] | None = None,
+    search: bool = False,
 ) -> LayerRange | None:
     """Where a peer serving `current` should move for the max flow, or None to stay.
 
     `others` is the placement ((layers, layer-tokens/s), balanced_placement) without this peer;
     `tier_throughput` the per-layer throughput of its tier without it (layer_throughput's
-    min_layers), which ranks the windows holding the bottleneck as a join does; `others_online` /
+    min_layers), which ranks the windows as a join does; `others_online` /
     `others_staying` / `thin_limit` as in plan_move. `flow` is swarm_flow of the whole placement,
     this peer included: every peer reading one view shares it (a simulator caches it), computed
-    here when not given. The move must make that flow feasible `gain` higher (default
-    flow_move_gain of this peer's share). `tier_crossing` (layer_view.crossing_throughput of the
-    tier without this peer) ranks the windows as a join's do (routing.balance's staggered windows).
+    here when not given. The aim is that flow `gain` higher (default flow_move_gain of this peer's
+    share). `tier_crossing` (layer_view.crossing_throughput of the tier without this peer) ranks the
+    windows as a join's are ranked (routing.balance's staggered windows). `search`: the calm swarm's
+    rule (module docstring); otherwise the lowest-total window holding the bottleneck, if it reaches
+    the aim.
     """
     if not leaves_safely(current, others_online, others_staying, thin_limit):
         return None
     whole = [*others, (current, my_capacity)]
     now, bottleneck = flow or swarm_flow(whole, num_layers)
-    if bottleneck is None or current.start <= bottleneck < current.end:
-        return None  # a gap comes first (should_move), or I already hold where the flow runs dry
+    if bottleneck is None or now <= 0:
+        return None  # a gap comes first (should_move)
     if gain is None:
         gain = flow_move_gain(my_capacity, sum(c for _, c in whole))
-    target = window_holding(tier_throughput, len(current), bottleneck, tier_crossing)
-    if now <= 0 or not feasible([*others, (target, my_capacity)], num_layers, now * (1 + gain)):
+    aim = now * (1 + gain)
+    if not search:
+        if current.start <= bottleneck < current.end:
+            return None
+        target = window_holding(tier_throughput, len(current), bottleneck, tier_crossing)
+        return target if feasible([*others, (target, my_capacity)], num_layers, aim) else None
+    lacking = feed_greedily(whole, num_layers, aim)
+    if lacking.first_short is None:
+        return None  # within the flow's tolerance of the aim already
+    best = _least_lacking_window(others, num_layers, len(current), my_capacity, aim, lacking.first_short,
+                                 tier_throughput, tier_crossing, current)
+    if best is None or best[1] > (1 - SHORTFALL_CUT) * lacking.shortfall:
         return None
-    return target
+    if not feasible([*others, (best[0], my_capacity)], num_layers, now):
+        return None  # it would cut the shortfall by taking flow from elsewhere
+    return best[0]
+
+
+def _least_lacking_window(others: list[tuple[LayerRange, float]], num_layers: int, k: int, my_capacity: float,
+                          aim: float, short_layer: int, tier_throughput: Sequence[float],
+                          tier_crossing: Sequence[float] | None,
+                          current: LayerRange) -> tuple[LayerRange, float] | None:
+    """(window, shortfall at `aim` with this peer there) of the windows of k layers holding `short_layer`
+    other than `current`: the least shortfall, then the lowest window_total, then the lowest start."""
+    best: tuple[tuple[float, float, int], LayerRange] | None = None
+    for start in range(max(0, short_layer - k + 1), min(short_layer, num_layers - k) + 1):
+        window = LayerRange(start, start + k)
+        if window == current:
+            continue
+        left = feed_greedily([*others, (window, my_capacity)], num_layers, aim).shortfall
+        key = (left, window_total(tier_throughput, start, k, tier_crossing), start)
+        if best is None or key < best[0]:
+            best = (key, window)
+    return None if best is None else (best[1], best[0][0])
 
 
 def flow_move(view: SwarmView, me: str, *, since_last_move_s: float | None,
-              my_throughput: float | None = None) -> LayerRange | None:
-    """plan_flow_move on a view, for peer `me` whose last move was `since_last_move_s` ago (None: never).
+              my_throughput: float | None = None, calm: bool = False) -> LayerRange | None:
+    """plan_flow_move on a view, for peer `me` whose last move was `since_last_move_s` ago (None: never);
+    `calm`: the swarm is calm (routing.churn.ChurnCount.calm), so the move searches every window.
 
     Call it when should_move says stay: a move for strengths comes first.
     """
@@ -137,4 +190,5 @@ def flow_move(view: SwarmView, me: str, *, since_last_move_s: float | None,
         staying_throughput(view, without=me),
         thin_threshold(view),
         tier_crossing=crossing_throughput(view, without=me, min_layers=len(current)),
+        search=calm,
     )

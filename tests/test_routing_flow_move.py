@@ -1,4 +1,5 @@
-"""routing.flow_move: a running peer moves to where the max flow runs dry, when that raises it."""
+"""routing.flow_move: a running peer moves to where the max flow runs dry, when that raises it (or, in a calm
+swarm, cuts what it lacks)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from routing import (
     plan_flow_move,
     should_move,
 )
-from routing.flow import capacity_bound
-from routing.flow_move import FLOW_TOLERANCE, MOVER_SHARE_GAIN
+from routing.flow import capacity_bound, feed_greedily, peer_capacities
+from routing.flow_move import FLOW_TOLERANCE, MOVER_SHARE_GAIN, SHORTFALL_CUT
 from routing.layer_view import balanced_placement
 from swarm.types import LayerRange
 from tests.routing_helpers import joined_swarm, rec, settle, view
@@ -106,3 +107,52 @@ def test_flow_moves_raise_the_max_flow_uncover_nothing_and_stop(peers, rng) -> N
         return target
 
     settle(joined_swarm(peers, 10), 10, move_checked, rng)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1.0, 2.5, 6.0])), min_size=2, max_size=9),
+       st.randoms(use_true_random=False))
+def test_calm_flow_moves_keep_the_flow_cut_the_shortfall_uncover_nothing_and_stop(peers, rng) -> None:
+    def move_checked(before, peer_id):
+        target = flow_move(before, peer_id, since_last_move_s=None, calm=True)
+        if target is not None:
+            moved = dict(before.records)
+            moved[peer_id] = rec(peer_id, str(target), before.records[peer_id].throughput)
+            after = view(10, *moved.values())
+            assert min(layer_servers(after)) >= min(1, min(layer_servers(before)))  # no layer uncovered
+            now = max_flow_throughput(before)
+            assert max_flow_throughput(after) >= now * (1 - FLOW_TOLERANCE)  # the flow never falls
+            mine = len(before.records[peer_id].layers) * before.records[peer_id].throughput
+            aim = now * (1 + flow_move_gain(mine, capacity_bound(before) * 10))
+            lacking_before = feed_greedily(peer_capacities(before), 10, aim).shortfall
+            lacking_after = feed_greedily(peer_capacities(after), 10, aim).shortfall
+            assert lacking_after <= (1 - SHORTFALL_CUT) * lacking_before + 1e-9 * aim
+        return target
+
+    settle(joined_swarm(peers, 10), 10, move_checked, rng)
+
+
+def test_a_calm_swarm_lifts_a_flat_bottom_one_stretch_at_a_time() -> None:
+    # Tiles of 12 and 10 tokens/s; 2:5 and 8:9 carry 10, the rest 12, so the max flow is 10 on two
+    # separate stretches (a flat bottom). m and n (3 layers, 4 tokens/s) add spare capacity to 5:8
+    # and 9:12. No one move lifts both stretches, so the churning swarm's rule (the aim in one move)
+    # moves nobody.
+    records = [rec("w1", "0:2", 12.0), rec("w2", "2:5", 10.0), rec("w3", "5:8", 12.0), rec("w4", "8:9", 10.0),
+               rec("w5", "9:12", 12.0), rec("m", "5:8", 4.0), rec("n", "9:12", 4.0)]
+    flat = view(12, *records)
+    assert max_flow_throughput(flat) == pytest.approx(10.0)
+    assert all(flow_move(flat, peer_id, since_last_move_s=None) is None for peer_id in flat.records)
+    # m covers the first stretch: the flow stays (8:9 still binds), what the swarm lacks at the aim
+    # at least halves.
+    aim = 10.0 * (1 + flow_move_gain(12.0, capacity_bound(flat) * 12))
+    target = flow_move(flat, "m", since_last_move_s=None, calm=True)
+    assert target is not None and target.start < 5  # on the first stretch, where the greedy runs short first
+    first = view(12, rec("m", str(target), 4.0), *records[:5], records[6])
+    assert max_flow_throughput(first) == pytest.approx(10.0)
+    lacking = feed_greedily(peer_capacities(first), 12, aim).shortfall
+    assert lacking <= 0.5 * feed_greedily(peer_capacities(flat), 12, aim).shortfall  # one stretch of two lifted
+    # n then covers the other one, and the flow rises by a fifth.
+    target = flow_move(first, "n", since_last_move_s=None, calm=True)
+    assert target is not None and target.start <= 8 < target.end
+    second = view(12, rec("n", str(target), 4.0), *(r for r in first.records.values() if r.peer_id != "n"))
+    assert max_flow_throughput(second) == pytest.approx(12.0)
