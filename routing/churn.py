@@ -20,8 +20,8 @@ from swarm.types import PeerState, SwarmView
 # swarm calm: an hour holds several departures at the simulator's 3-10%/h even in a 100-peer swarm.
 CHURN_WINDOW_S = 3600.0
 # Departures per peer within the window under which the swarm is calm. Measured in the simulator
-# (200 peers, 2x): at 10%/h the search costs moves for no flow (1,000 peers over the move budget);
-# at 3%/h it gains 1.3 points of sum(c) / L, at rest 3-21. 5%/h sits between: at 10%/h a 200-peer
+# (2x): at 10%/h the search costs moves for no flow (1,000 peers over the move budget); at 3%/h it
+# gains 1.7 points of sum(c) / L at 200 peers, at rest 6-33 (1,000 peers: 16.5). 5%/h sits between: at 10%/h a 200-peer
 # swarm's hourly count falls that low about once in a hundred hours (Poisson, 20 expected).
 CALM_CHURN = 0.05
 
@@ -44,10 +44,7 @@ class ChurnCount:
         (drained, draining, offline): each departure once. Moves keep a peer ONLINE, and standbys are
         no capacity (routing/standby.py), so neither counts."""
         present = frozenset(peer_id for peer_id, r in view.records.items() if r.state in _PRESENT and not r.standby)
-        if self.since is not None:
-            self.count(now, len(self.present - present))
-        else:
-            self.count(now, 0)
+        self.count(now, len(self.present - present))  # the first read: nothing present before, nothing gone
         self.present = present
 
     def count(self, now: float, departures: int) -> None:
