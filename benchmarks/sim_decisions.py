@@ -5,9 +5,10 @@
 Builds a SwarmView of `peers` peers drawn from the simulator's GPU classes, placed one after
 another where the swarm is weakest, on an 80-layer model and on a model sized for 2x redundancy,
 then times (median CPU time of `repeat` calls) what a peer and a client compute from the DHT view:
-choose_layers (join), should_move (balance check), flow_move (the same check when should_move says stay,
-timed for a peer that may leave its layers and does not hold the bottleneck: the whole computation; "calm":
-a calm swarm's, which tries every window holding the first short layer, routing.churn), urgent_layers (the watch every 5 s: gaps
+choose_layers (join), should_move (balance check), strength_move_pays (the gate of a strength move found at a
+periodic check: two max flows), flow_move (the same check when should_move says stay or its move does not pay,
+timed for a peer that may leave its layers and does not hold the bottleneck: the whole computation, every window
+holding the first short layer tried), urgent_layers (the watch every 5 s: gaps
 and thin layers), exposes_on_leaving (the same watch once it wakes: does this peer react a step later),
 standby_layers (a standby's check, with every peer on its own machine), choose_route on an idle and a busy swarm, and the exact max
 flow (routing.flow; only the simulator and benchmarks need it).
@@ -34,12 +35,14 @@ from routing import (
     max_flow_throughput,
     should_move,
     standby_layers,
+    strength_move_pays,
+    swarm_flow,
     urgent_layers,
 )
 from routing.flow import bottleneck_layer
 from routing.layer_view import balanced_placement, staying_throughput
 from routing.leaving import leaves_safely, thin_threshold
-from swarm.types import PeerRecord, PeerState, SwarmView
+from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
 
 def build_view(peers: int, num_layers: int | None, seed: int, busy: bool) -> SwarmView:
@@ -85,6 +88,18 @@ def median_ms(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def full_strength_gate(view: SwarmView, me: str) -> bool:
+    """routing.move_gate's whole computation for `me` (what strength_move_pays_in does, without the early
+    yes of a target holding a layer with one server): both max flows, the move's and the view's."""
+    current = view.records[me].layers
+    start = (current.start + view.num_layers // 2) % (view.num_layers - len(current))  # far from its own layers
+    target = LayerRange(start, start + len(current))
+    capacity = len(current) * view.records[me].throughput
+    flow_now, _ = swarm_flow(balanced_placement(view), view.num_layers)
+    return strength_move_pays(balanced_placement(view, without=me), view.num_layers, current, target, capacity,
+                              [2] * view.num_layers, flow_now)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", type=int, default=1000)
@@ -103,10 +118,9 @@ def main(argv: list[str] | None = None) -> dict:
             "layers": view.num_layers,
             "choose_layers_ms": median_ms(lambda v=view: choose_layers(v, 8), a.repeat),
             "should_move_ms": median_ms(lambda v=view, me=me: should_move(v, me), a.repeat),
+            "strength_gate_ms": median_ms(lambda v=view, me=me: full_strength_gate(v, me), a.repeat),
             "flow_move_ms": median_ms(lambda v=view, me=full_flow_check_peer(view): flow_move(v, me, since_last_move_s=None),
                                       a.repeat),
-            "flow_move_calm_ms": median_ms(lambda v=view, me=full_flow_check_peer(view):
-                                           flow_move(v, me, since_last_move_s=None, calm=True), a.repeat),
             "urgent_layers_ms": median_ms(lambda v=view: urgent_layers(v), a.repeat),
             "exposes_on_leaving_ms": median_ms(lambda v=view, me=me: exposes_on_leaving(v, me), a.repeat),
             "standby_layers_ms": median_ms(lambda v=view, m=machines: standby_layers(v, "standby", 8, m), a.repeat),
@@ -114,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
             "choose_route_busy_ms": median_ms(lambda v=busy, rng=rng: choose_route(v, rng), a.repeat),
             "max_flow_ms": median_ms(lambda v=view: max_flow_throughput(v), 1),
         }
-    header = ["view", "layers", "choose_layers", "should_move", "flow_move", "flow_move calm", "urgent_layers", "exposes_on_leaving", "standby_layers", "choose_route idle", "choose_route busy", "max flow"]
+    header = ["view", "layers", "choose_layers", "should_move", "strength gate", "flow_move", "urgent_layers", "exposes_on_leaving", "standby_layers", "choose_route idle", "choose_route busy", "max flow"]
     print(" | ".join(header))
     for label, r in rows.items():
         print(" | ".join([label, str(r["layers"])] + [f"{r[k]:.1f} ms" for k in list(r)[1:]]))

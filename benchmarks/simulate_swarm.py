@@ -49,10 +49,12 @@ moving peer counts at its target at once (its record), so the others see the lay
 the same way, a draining peer whose layers would be thin without it stays while a peer
 loads there (peer/drain.py), and no peer moves away from layers it would leave thin
 (routing.plan_move; --no-thin: gaps alone, drains leave once covered, moves only keep them covered).
-A peer whose check finds no such move may still move to where the max flow runs dry, at most once
-per FLOW_MOVE_COOLDOWN_S (routing.flow_move; --no-flow-moves: never); while fewer than CALM_CHURN of
-the peers left in the last hour (routing.churn, one count for the swarm from its departures) such a
-move searches every window (--flow-move-search never: the rule before; always: whatever the churn).
+At a periodic check (not a reaction to a gap or thin layer) such a strength move goes only when it
+gives a layer with at most one server a second or raises the max flow (routing.move_gate;
+--ungated-strength-moves: every one goes, the rule before). A peer whose check finds no move that
+goes may still move to where the max flow runs dry, at most once per FLOW_MOVE_COOLDOWN_S
+(routing.flow_move; --no-flow-moves: never), searching every window holding the first short layer
+(--flow-move-search never: only the lowest-total one, the rule before the twenty-eighth session).
 
 The model has num_layers = sum(k) / redundancy layers, so `redundancy` is how many times
 the swarm's memory could hold the model.
@@ -111,7 +113,6 @@ from routing import (
     DEFAULT_QUALITY,
     FLOW_MOVE_COOLDOWN_S,
     SOLE_DISCOUNT,
-    ChurnCount,
     NoRouteError,
     choose_window,
     first_arrivals,
@@ -125,6 +126,7 @@ from routing import (
 )
 from routing.flow import bottleneck_layer, max_flow_of
 from routing.flow_move import MOVER_SHARE_GAIN, flow_move_gain
+from routing.move_gate import strength_move_pays
 from routing.spread import flow_weights, full_flows
 from routing.standby import STANDBY_MARGIN, exposure, load_order
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
@@ -194,9 +196,12 @@ class SimConfig:
     guard_discount: bool = True  # no SOLE_DISCOUNT on layers a standby holds (routing.guarded_layers)
     route_period_s: float = ROUTE_PERIOD_S  # seconds between route and max-flow samples
     flow_moves: bool = True  # a peer that should_move keeps in place may move for the max flow (routing.flow_move)
-    # When a flow move searches every window (routing.flow_move): "calm" as the peer does (a swarm-wide
-    # routing.ChurnCount of the departures), "never" (the rule before the twenty-eighth session), "always".
-    flow_move_search: str = "calm"
+    # A periodic check's strength move goes only when it gives a lone layer a second server or raises the
+    # max flow (routing.move_gate); False: every strength move goes (the rule before the twenty-ninth session).
+    strength_gate: bool = True
+    # Whether a flow move searches every window (routing.flow_move): "always" as the peer does, "never"
+    # (the lowest-total window holding the bottleneck, if it reaches the aim: the rule before the twenty-eighth session).
+    flow_move_search: str = "always"
     flow_move_gain: float | None = None  # None: routing.flow_move_gain (the mover's share); a share: that, for every peer
     flow_move_cooldown_s: float = FLOW_MOVE_COOLDOWN_S
     mover_share_gain: float = MOVER_SHARE_GAIN  # with flow_move_gain None: the multiple of the mover's share
@@ -508,15 +513,18 @@ def simulate(cfg: SimConfig) -> SimResult:
             push(expires, "expire", p.peer_id)
 
     tracer = FlowTrace(Path(cfg.trace)) if cfg.trace else None
-    churn = ChurnCount()  # every peer reads the same departures: one count for all (peer/balancer.py keeps one each)
-    churn.count(0.0, 0)
-
-    def search_flow_moves(now: float) -> bool:
-        """Does a flow move search every window now (SimConfig.flow_move_search; "calm": routing.churn)?"""
-        if cfg.flow_move_search != "calm":
-            return cfg.flow_move_search == "always"
-        return churn.calm(now, len(peers))
     view_flow: list = [-1, (0.0, None)]  # (swarm.placements it was computed at, routing.swarm_flow)
+
+    def placed_without(p: SimPeer) -> list[tuple[LayerRange, float]]:
+        """The placement balancing counts (routing.balanced_placement), peer p left out."""
+        return [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining and q is not p]
+
+    def shared_flow() -> tuple[float, int | None]:
+        """routing.swarm_flow of the placement balancing counts: every peer reading this view shares it."""
+        if view_flow[0] != swarm.placements:
+            placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
+            view_flow[:] = [swarm.placements, swarm_flow(placed, num_layers)]
+        return view_flow[1]
 
     def try_move(p: SimPeer, now: float, delay: float = 0.0, reacting: bool = False) -> bool:
         """Balance check of p (`reacting`: to a gap or thin layer); a move decided now starts loading
@@ -541,20 +549,21 @@ def simulate(cfg: SimConfig) -> SimResult:
         # runs with standbys almost never see, and it would make the GPU peers' run depend on them.
         target = plan_move(others, online, p.layers, p.thr, cfg.quality, counted, discount=cfg.sole_discount,
                            guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit(), crossing=crossing)
+        if target is not None and cfg.strength_gate and not reacting and counts is not None:
+            # A periodic check's strength move goes only when it pays (routing.move_gate).
+            if not strength_move_pays(placed_without(p), num_layers, p.layers, target, p.thr * p.k, counts,
+                                      shared_flow()[0]):
+                target = None
         strength = target is not None
         if target is None and cfg.flow_moves and (p.moved_at is None or now - p.moved_at >= cfg.flow_move_cooldown_s):
-            counted_peers = [q for q in [*peers.values(), *expiring.values()] if not q.draining]
-            if view_flow[0] != swarm.placements:  # every peer reading this view shares its max flow
-                placed = [(q.layers, q.thr * q.k) for q in counted_peers]
-                view_flow[:] = [swarm.placements, swarm_flow(placed, num_layers)]
-            others_placed = [(q.layers, q.thr * q.k) for q in counted_peers if q is not p]
+            others_placed = placed_without(p)
             gain = cfg.flow_move_gain
             if gain is None:
                 total = p.thr * p.k + sum(c for _, c in others_placed)
                 gain = flow_move_gain(p.thr * p.k, total, cfg.mover_share_gain)
             target = plan_flow_move(others_placed, num_layers, p.layers, p.thr * p.k, others, online, staying,
-                                    swarm.thin_limit(), view_flow[1], gain, tier_crossing=crossing,
-                                    search=search_flow_moves(now))
+                                    swarm.thin_limit(), shared_flow(), gain, tier_crossing=crossing,
+                                    search=cfg.flow_move_search == "always")
         if target is None:
             return False
         if tracer is not None:
@@ -658,7 +667,6 @@ def simulate(cfg: SimConfig) -> SimResult:
             push(now + pop.expovariate(cfg.peers * leave_rate), "arrive")
         elif kind == "depart" and p is not None and not p.draining:
             departures += 1
-            churn.count(now, 1)  # drainers turn DRAINING at once; a crash's record goes seconds later: counted now
             graceful = pop.random() < cfg.graceful
             if p.serving is not None and graceful:
                 drains += 1
@@ -993,10 +1001,13 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="discount sole-served layers even where a standby guards them (the rule before: GPU peers ignore standbys)")
     ap.add_argument("--no-flow-moves", action="store_true",
                     help="running peers move only by should_move's strength rule, never for the max flow (the rule before)")
-    ap.add_argument("--flow-move-search", choices=("calm", "never", "always"), default="calm",
-                    help="when a flow move tries every window holding the first short layer and may cut the shortfall by "
-                         "routing.flow_move.SHORTFALL_CUT instead of reaching the aim: while fewer than 5%% of the peers left in the last hour (calm, as "
-                         "the peer does), never (only the lowest-total window, the rule before), or always")
+    ap.add_argument("--ungated-strength-moves", action="store_true",
+                    help="every strength move found at a periodic balance check goes, not only one that gives a layer "
+                         "with at most one server a second or raises the max flow (routing.move_gate; the rule before)")
+    ap.add_argument("--flow-move-search", choices=("never", "always"), default="always",
+                    help="whether a flow move tries every window holding the first short layer and may cut the shortfall by "
+                         "routing.flow_move.SHORTFALL_CUT instead of reaching the aim: always (as the peer does), or never "
+                         "(only the lowest-total window, the rule before the twenty-eighth session)")
     ap.add_argument("--flow-move-gain", type=float, default=None,
                     help="a fixed share by which every flow move must raise the swarm's max flow (default: "
                          "routing.flow_move_gain, --mover-share-gain times the mover's capacity share within 0.05-1%%; 0.01 is the rule before)")
@@ -1072,7 +1083,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     standby_stream_ratio=a.standby_stream_ratio,
                     standby_stream_host_slowdown=a.standby_stream_host_slowdown, thin=not a.no_thin,
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
-                    flow_move_search=a.flow_move_search,
+                    flow_move_search=a.flow_move_search, strength_gate=not a.ungated_strength_moves,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
                     mover_share_gain=a.mover_share_gain,
                     crash_watch=not a.no_crash_watch, vanished_share=a.vanished_share,

@@ -1,9 +1,9 @@
 """Where this peer serves: pick layers on join, and move to the swarm's weakest layers later
 (a standby: to the layers one crash would leave dark).
 
-The decisions are the pure functions of `routing.balance` and `routing.flow_move`; this file
-only feeds them fresh views (and the time since its last move, and whether the departures its reads
-saw call the swarm calm: routing.churn) and acts on their answers.
+The decisions are the pure functions of `routing.balance`, `routing.move_gate` and
+`routing.flow_move`; this file only feeds them fresh views (and the time since its last move, and
+whether the check is periodic or a reaction to a hole) and acts on their answers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
 from routing import (
-    ChurnCount,
     choose_layers,
     covered_without,
     exposes_on_leaving,
@@ -27,6 +26,7 @@ from routing import (
     should_move,
     standby_layers,
     standby_load_order,
+    strength_move_pays_in,
     urgent_layers,
 )
 from shards.config import ModelConfig
@@ -103,29 +103,32 @@ async def balance_loop(placement: Placement) -> None:
     loop = asyncio.get_running_loop()
     decided_on: list[int] = []  # urgent layers already decided on: no early wake for them again
     last_move: float | None = None  # loop time of our last move: flow moves wait FLOW_MOVE_COOLDOWN_S after it
-    churn = ChurnCount()  # the departures our reads see: a calm swarm's flow moves search (routing.churn)
     forced = forced_flow_move()
     while True:
         due = loop.time() + cfg.balance_period * random.uniform(1 - JITTER, 1 + JITTER)
-        view = await _watch_until(placement, due, decided_on, churn)
+        woke = await _watch_until(placement, due, decided_on)  # a view with new urgent layers, or None
         try:
-            view = view or await placement.fetch_view()
-            churn.observe(view, loop.time())
+            view = woke or await placement.fetch_view()
             decided_on = urgent_layers(view)
             if placement.peer_id() not in view.records:
                 continue  # our own record is not visible yet; decide on the next round
             target = should_move(view, placement.peer_id(), quality=cfg.balance_quality,
                                  my_throughput=placement.throughput())
+            if target is not None and woke is None and not strength_move_pays_in(
+                    view, placement.peer_id(), target, my_throughput=placement.throughput()):
+                # A periodic check, not a reaction to a hole: the move must pay for its reload (routing.move_gate).
+                logger.info("layers %s are weaker than ours by strength, but moving there would neither give a layer "
+                            "with one server a second nor raise the swarm's max flow: staying", target)
+                target = None
             if target is None:
                 since = None if last_move is None else loop.time() - last_move
-                calm = churn.calm(loop.time(), len(churn.present))
                 target = flow_move(view, placement.peer_id(), since_last_move_s=since,
-                                   my_throughput=placement.throughput(), calm=calm)
+                                   my_throughput=placement.throughput())
                 if forced is not None and covered_without(view, placement.peer_id()):
                     target, forced = forced, None
                 if target is not None:
-                    logger.info("the swarm's max flow runs dry in %s: moving there from %s %s", target, placement.layers(),
-                                "cuts what it lacks for that (a calm swarm)" if calm else "raises it")
+                    logger.info("the swarm's max flow runs dry in %s: moving there from %s cuts what it lacks for a "
+                                "higher flow (routing.flow_move)", target, placement.layers())
             if target is not None:
                 # Gaps and thin layers first, each served as it arrives (routing.move_load_order).
                 if await placement.migrate(target, move_load_order(view, placement.peer_id(), target), view):
@@ -148,9 +151,8 @@ def forced_flow_move() -> LayerRange | None:
     return target
 
 
-async def _watch_until(placement: Placement, due: float, decided_on: list[int], churn: ChurnCount) -> SwarmView | None:
-    """Sleep until `due`, re-reading the view every WATCH_PERIOD_S (each read counted in `churn`);
-    return early a view with new urgent layers."""
+async def _watch_until(placement: Placement, due: float, decided_on: list[int]) -> SwarmView | None:
+    """Sleep until `due`, re-reading the view every WATCH_PERIOD_S; return early a view with new urgent layers."""
     loop = asyncio.get_running_loop()
     while (left := due - loop.time()) > 0:
         await asyncio.sleep(min(WATCH_PERIOD_S * random.uniform(1 - JITTER, 1 + JITTER), left))
@@ -160,7 +162,6 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int], 
             raise
         except Exception:
             continue  # the regular check will retry and log
-        churn.observe(view, loop.time())
         urgent = urgent_layers(view)
         if urgent and urgent != decided_on and placement.peer_id() in view.records:
             mine = placement.layers()

@@ -29,7 +29,6 @@ from peer.cli_checks import (
 from peer.config import FaultyOutputs, PeerConfig, ServingLimits
 from peer.drain_cli import drain
 from peer.quantize_cli import checkpoint_quant, quantize
-from routing.churn import CALM_CHURN
 from routing.flow_move import (
     FLOW_MOVE_COOLDOWN_S,
     FLOW_MOVE_GAIN,
@@ -37,6 +36,7 @@ from routing.flow_move import (
     MOVER_SHARE_GAIN,
     SHORTFALL_CUT,
 )
+from routing.move_gate import GATE_MARGIN
 from swarm.types import LayerRange
 
 
@@ -221,7 +221,7 @@ def serve(
     layers: Annotated[str | None, typer.Option("--layers", help="Serve exactly these layers, half-open START:END (e.g. 0:15), and never move.")] = None,
     num_layers: Annotated[int | None, typer.Option("--num-layers", help="Serve this many layers where the swarm is weakest, and move when a gap opens. Default (no --layers either): as many as fit in memory.")] = None,
     balance_period: Annotated[float, typer.Option(help="Seconds between checks whether moving would help the swarm (randomised +-25%).")] = 120.0,
-    balance_quality: Annotated[float, typer.Option(help=f"Move only if the weakest layers a move touches grow by more than 1/quality. Besides, at most every {FLOW_MOVE_COOLDOWN_S / 60:.0f} minutes, a peer moves where the swarm's max flow runs dry when that raises it by {MOVER_SHARE_GAIN:g}x the peer's share of the swarm's capacity, within {FLOW_MOVE_GAIN_FLOOR:.2%}-{FLOW_MOVE_GAIN:.0%}; in a calm swarm (fewer than {CALM_CHURN:.0%} of the peers left in the last hour, as this peer counts them) also when that cuts by {SHORTFALL_CUT:.0%} what the swarm lacks for such a rise (routing/flow_move.py).")] = 0.75,
+    balance_quality: Annotated[float, typer.Option(help=f"Move only if the weakest layers a move touches grow by more than 1/quality; at a periodic check (not a reaction to a departure's hole) only if the move also gives a layer with one server a second or raises the swarm's max flow by {GATE_MARGIN:.1%} (routing/move_gate.py). Besides, at most every {FLOW_MOVE_COOLDOWN_S / 60:.0f} minutes, a peer moves where the swarm's max flow runs dry when that cuts by {SHORTFALL_CUT:.0%} what the swarm lacks for a rise of {MOVER_SHARE_GAIN:g}x the peer's share of the swarm's capacity, within {FLOW_MOVE_GAIN_FLOOR:.2%}-{FLOW_MOVE_GAIN:.0%} (routing/flow_move.py).")] = 0.75,
     move_mode: Annotated[str, typer.Option(help="How a move loads its new layers: beside (keep serving the old ones meanwhile; needs memory for both), in-place (free the old ones first), or auto (beside when free memory holds the new ones).")] = "auto",
     prefetch: Annotated[bool, typer.Option(help="For a Hub --model on a self-placing peer (or standby): once serving, download every layer's weight files into the HF cache in the background, when its disk has 1.5x the checkpoint's size free, so later moves load from disk instead of the network (a move's load is a window in which the swarm is weaker). Off: each move downloads its own layers.")] = True,
     standby: Annotated[bool, typer.Option("--standby", help="Serve as a standby: a slow safety net (e.g. with --device cpu and host memory) that places itself on the layers only one other peer serves and moves as those change. Clients route through it only when that peer is gone, so a crash leaves slow layers instead of a gap; other peers' balancing ignores it. Self-placing: not with --layers.")] = False,

@@ -19,13 +19,14 @@ Only `swarm.types` is imported from the rest of the project.
              possible_takers, exposes_on_leaving, leaves_safely: when to decide at once (gaps,
              thin layers); when a move may start or go on (a swarm that is down lets a sole
              server shift into the gap); when a draining peer may leave; who reacts a step later.
-- flow_move.py flow_move (array-level: plan_flow_move): a running peer moves to where the
-             max flow runs dry when that raises it by flow_move_gain (its capacity share, x4,
-             within 0.05-1%), or in a calm swarm to the window that cuts by SHORTFALL_CUT what the
-             swarm lacks for that, at most once per FLOW_MOVE_COOLDOWN_S (after should_move says
-             stay); swarm_flow: the one max flow per view those checks share.
-- churn.py   ChurnCount: the departures a peer sees in its reads over the last hour; calm()
-             (fewer than CALM_CHURN of the peers) lets flow moves search.
+- flow_move.py flow_move (array-level: plan_flow_move): a running peer moves to the window where
+             the max flow runs dry that cuts by SHORTFALL_CUT what the swarm lacks for a rise of
+             flow_move_gain (its capacity share, x4, within 0.05-1%), at most once per
+             FLOW_MOVE_COOLDOWN_S (after should_move says stay, or its move does not pay);
+             swarm_flow: the one max flow per view those checks share.
+- move_gate.py strength_move_pays (on a view: strength_move_pays_in): a strength move found at a
+             periodic check goes only when it gives a layer with at most one server a second or
+             raises the swarm's max flow by GATE_MARGIN (reactions to holes are not gated).
 - standby.py standby_layers (standby_window, exposure): where a standby guards the layers one
              crash would leave dark; standby_load_order (load_order): in which order a loading
              standby should fetch and serve them, the exposed ones first, one growing range.
@@ -50,7 +51,6 @@ from routing.balance import (
     strengths,
 )
 from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
-from routing.churn import CALM_CHURN, ChurnCount
 from routing.costs import RouteCosts, hop_cost
 from routing.flow import capacity_bound, max_flow_throughput
 from routing.flow_move import (
@@ -75,6 +75,7 @@ from routing.leaving import (
     thin_without,
     urgent_layers,
 )
+from routing.move_gate import GATE_MARGIN, strength_move_pays, strength_move_pays_in
 from routing.move_order import first_arrivals, gap_weight, move_load_order
 from routing.route import NoRouteError, plan_route, route_cost
 from routing.spread import choose_route, sample_route
@@ -84,15 +85,14 @@ __all__ = [
     "BAN_BASE_S",
     "BAN_CAP_S",
     "BAN_FACTOR",
-    "CALM_CHURN",
     "DEFAULT_QUALITY",
     "FLOW_MOVE_COOLDOWN_S",
     "FLOW_MOVE_GAIN",
     "FLOW_MOVE_GAIN_FLOOR",
+    "GATE_MARGIN",
     "SOLE_DISCOUNT",
     "THIN_SHARE",
     "BanList",
-    "ChurnCount",
     "NoRouteError",
     "RouteCosts",
     "choose_layers",
@@ -126,6 +126,8 @@ __all__ = [
     "standby_layers",
     "standby_load_order",
     "standby_window",
+    "strength_move_pays",
+    "strength_move_pays_in",
     "strengths",
     "thin_layers",
     "thin_without",

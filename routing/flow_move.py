@@ -8,24 +8,22 @@ can spend its capacity on any of its layers, and what limits the swarm is where 
 dry. A flow move aims flow_move_gain above the swarm's max flow now (a share that scales with
 what the mover gives up: its capacity share of the swarm, between FLOW_MOVE_GAIN_FLOOR and
 FLOW_MOVE_GAIN). One max flow per view (swarm_flow, exact to FLOW_TOLERANCE) serves every peer's
-check. Two rules, by how calm the swarm is (routing.churn, counted by each peer from its reads):
+check.
 
-* Churning (the default): the window holding the swarm's bottleneck layer of lowest total throughput
-  (choose_layers' flow-aware branch), taken when the swarm with the peer there reaches the aim. One
-  greedy pass (routing.flow.feasible). Each such move raises the max flow, so they cannot cycle.
-* Calm (`search`): Glover's greedy at the aim (routing.flow.feed_greedily) says exactly how much the
-  swarm lacks there and the first layer where it does; of the windows of the mover's size holding
-  that layer, the one that leaves the least lacking is the target (ties: the lowest total, as
-  above). It moves when that cuts what is lacking by SHORTFALL_CUT at least and the max flow does
-  not fall. A greedy pass per candidate window. A placement balanced this far has a flat-bottomed
-  max flow, several separate stretches within a hair of it (docs/balancing.md, twenty-second
-  session), and one move lifts only one of them: without churn the first rule soon makes no move,
-  and resting 200-peer swarms sat at 64-88% of sum(c) / L; this one lifts them to 90-97% (seeds 0-3),
-  and +1.7 points at 3%/h churn. Under 10%/h churn it buys its flow with moves the budget does not
-  have (1,000 peers over 1 move per peer-hour, for no flow; docs/balancing.md, twenty-eighth
-  session), hence the gate. These moves cannot cycle either: each keeps the max flow and either
-  raises it or, at the same flow (so the same aim), cuts the shortfall there by a fixed share; the
-  pair (flow, - shortfall) strictly improves over a finite set of placements.
+Glover's greedy at the aim (routing.flow.feed_greedily) says exactly how much the swarm lacks there
+and the first layer where it does; of the windows of the mover's size holding that layer, the one
+that leaves the least lacking is the target (ties: the lowest total throughput of the mover's tier,
+staggered as a join's). It moves when that cuts what is lacking by SHORTFALL_CUT at least and the
+max flow does not fall. A greedy pass per candidate window. A placement balanced this far has a
+flat-bottomed max flow, several separate stretches within a hair of it (docs/balancing.md,
+twenty-second session), and one move lifts only one of them: a rule that moved only when one window
+reached the aim (`search=False`, the rule before the twenty-eighth session) soon made no move, and
+resting 200-peer swarms sat at 64-88% of sum(c) / L; searching lifts them to 90-97% (seeds 0-3). Under
+10%/h churn searching alone bought its flow with moves the budget did not have (1,000 peers over 1
+move per peer-hour); with the strength moves that do not pay held back (routing.move_gate) it has
+the budget (docs/balancing.md, twenty-ninth session). These moves cannot cycle: each keeps the max
+flow and either raises it or, at the same flow (so the same aim), cuts the shortfall there by a fixed
+share; the pair (flow, - shortfall) strictly improves over a finite set of placements.
 
 A peer makes a flow move at most every FLOW_MOVE_COOLDOWN_S, which bounds what they add to the move
 budget. Like any move, it leaves no layer dark or thin behind it (leaving.leaves_safely).
@@ -72,7 +70,7 @@ FLOW_TOLERANCE = FLOW_MOVE_GAIN_FLOOR / 10
 # peers, 1.08 at 1,000); at four times the share (MOVER_SHARE_GAIN) 0.65-1.03 at 200 peers and
 # 0.86-0.99 at 1,000, as high as 75 minutes reached (1.05) (docs/balancing.md, twenty-first session).
 FLOW_MOVE_COOLDOWN_S = 2700.0
-# A calm swarm's flow move that does not reach its aim must at least cut what the swarm lacks there by
+# A flow move that does not reach its aim must at least cut what the swarm lacks there by
 # this share: a real step each time (the shortfall falls geometrically), never a move that shaves a
 # little off for the mover's whole reload. Halving (0.5) left resting 200-peer swarms where a flat
 # bottom has many stretches locked at 64-69% of sum(c) / L (no one move halves it); a fifth lifts
@@ -107,7 +105,7 @@ def plan_flow_move(
     flow: tuple[float, int | None] | None = None,
     gain: float | None = None,
     tier_crossing: Sequence[float] | None = None,
-    search: bool = False,
+    search: bool = True,
 ) -> LayerRange | None:
     """Where a peer serving `current` should move for the max flow, or None to stay.
 
@@ -118,9 +116,9 @@ def plan_flow_move(
     this peer included: every peer reading one view shares it (a simulator caches it), computed
     here when not given. The aim is that flow `gain` higher (default flow_move_gain of this peer's
     share). `tier_crossing` (layer_view.crossing_throughput of the tier without this peer) ranks the
-    windows as a join's are ranked (routing.balance's staggered windows). `search`: the calm swarm's
-    rule (module docstring); otherwise the lowest-total window holding the bottleneck, if it reaches
-    the aim.
+    windows as a join's are ranked (routing.balance's staggered windows). `search` False: the rule
+    before the twenty-eighth session (the lowest-total window holding the bottleneck, if it alone
+    reaches the aim), kept for the simulator's comparisons.
     """
     if not leaves_safely(current, others_online, others_staying, thin_limit):
         return None
@@ -167,9 +165,9 @@ def _least_lacking_window(others: list[tuple[LayerRange, float]], num_layers: in
 
 
 def flow_move(view: SwarmView, me: str, *, since_last_move_s: float | None,
-              my_throughput: float | None = None, calm: bool = False) -> LayerRange | None:
+              my_throughput: float | None = None, search: bool = True) -> LayerRange | None:
     """plan_flow_move on a view, for peer `me` whose last move was `since_last_move_s` ago (None: never);
-    `calm`: the swarm is calm (routing.churn.ChurnCount.calm), so the move searches every window.
+    `search` False: the rule before (plan_flow_move).
 
     Call it when should_move says stay: a move for strengths comes first.
     """
@@ -190,5 +188,5 @@ def flow_move(view: SwarmView, me: str, *, since_last_move_s: float | None,
         staying_throughput(view, without=me),
         thin_threshold(view),
         tier_crossing=crossing_throughput(view, without=me, min_layers=len(current)),
-        search=calm,
+        search=search,
     )

@@ -1,5 +1,5 @@
-"""routing.flow_move: a running peer moves to where the max flow runs dry, when that raises it (or, in a calm
-swarm, cuts what it lacks)."""
+"""routing.flow_move: a running peer moves to where the max flow runs dry, when that cuts what the swarm lacks
+for a higher flow (or, the rule before, raises it there in one move)."""
 
 from __future__ import annotations
 
@@ -93,9 +93,9 @@ def test_a_flow_move_waits_for_the_cooldown_and_leaves_nothing_dark_or_thin() ->
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1.0, 2.5, 6.0])), min_size=2, max_size=9),
        st.randoms(use_true_random=False))
-def test_flow_moves_raise_the_max_flow_uncover_nothing_and_stop(peers, rng) -> None:
+def test_flow_moves_of_the_rule_before_raise_the_max_flow_uncover_nothing_and_stop(peers, rng) -> None:
     def move_checked(before, peer_id):
-        target = flow_move(before, peer_id, since_last_move_s=None)
+        target = flow_move(before, peer_id, since_last_move_s=None, search=False)
         if target is not None:
             moved = dict(before.records)
             moved[peer_id] = rec(peer_id, str(target), before.records[peer_id].throughput)
@@ -112,9 +112,9 @@ def test_flow_moves_raise_the_max_flow_uncover_nothing_and_stop(peers, rng) -> N
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from([1, 2, 4]), st.sampled_from([1.0, 2.5, 6.0])), min_size=2, max_size=9),
        st.randoms(use_true_random=False))
-def test_calm_flow_moves_keep_the_flow_cut_the_shortfall_uncover_nothing_and_stop(peers, rng) -> None:
+def test_flow_moves_keep_the_flow_cut_the_shortfall_uncover_nothing_and_stop(peers, rng) -> None:
     def move_checked(before, peer_id):
-        target = flow_move(before, peer_id, since_last_move_s=None, calm=True)
+        target = flow_move(before, peer_id, since_last_move_s=None)
         if target is not None:
             moved = dict(before.records)
             moved[peer_id] = rec(peer_id, str(target), before.records[peer_id].throughput)
@@ -132,27 +132,26 @@ def test_calm_flow_moves_keep_the_flow_cut_the_shortfall_uncover_nothing_and_sto
     settle(joined_swarm(peers, 10), 10, move_checked, rng)
 
 
-def test_a_calm_swarm_lifts_a_flat_bottom_one_stretch_at_a_time() -> None:
+def test_flow_moves_lift_a_flat_bottom_one_stretch_at_a_time() -> None:
     # Tiles of 12 and 10 tokens/s; 2:5 and 8:9 carry 10, the rest 12, so the max flow is 10 on two
     # separate stretches (a flat bottom). m and n (3 layers, 4 tokens/s) add spare capacity to 5:8
-    # and 9:12. No one move lifts both stretches, so the churning swarm's rule (the aim in one move)
-    # moves nobody.
+    # and 9:12. No one move lifts both stretches, so the rule before (the aim in one move) moves nobody.
     records = [rec("w1", "0:2", 12.0), rec("w2", "2:5", 10.0), rec("w3", "5:8", 12.0), rec("w4", "8:9", 10.0),
                rec("w5", "9:12", 12.0), rec("m", "5:8", 4.0), rec("n", "9:12", 4.0)]
     flat = view(12, *records)
     assert max_flow_throughput(flat) == pytest.approx(10.0)
-    assert all(flow_move(flat, peer_id, since_last_move_s=None) is None for peer_id in flat.records)
+    assert all(flow_move(flat, peer_id, since_last_move_s=None, search=False) is None for peer_id in flat.records)
     # m covers the first stretch: the flow stays (8:9 still binds), what the swarm lacks at the aim
     # at least halves.
     aim = 10.0 * (1 + flow_move_gain(12.0, capacity_bound(flat) * 12))
-    target = flow_move(flat, "m", since_last_move_s=None, calm=True)
+    target = flow_move(flat, "m", since_last_move_s=None)
     assert target is not None and target.start < 5  # on the first stretch, where the greedy runs short first
     first = view(12, rec("m", str(target), 4.0), *records[:5], records[6])
     assert max_flow_throughput(first) == pytest.approx(10.0)
     lacking = feed_greedily(peer_capacities(first), 12, aim).shortfall
     assert lacking <= 0.5 * feed_greedily(peer_capacities(flat), 12, aim).shortfall  # one stretch of two lifted
     # n then covers the other one, and the flow rises by a fifth.
-    target = flow_move(first, "n", since_last_move_s=None, calm=True)
+    target = flow_move(first, "n", since_last_move_s=None)
     assert target is not None and target.start <= 8 < target.end
     second = view(12, rec("n", str(target), 4.0), *(r for r in first.records.values() if r.peer_id != "n"))
     assert max_flow_throughput(second) == pytest.approx(12.0)
