@@ -4,8 +4,9 @@
 
 Peers join one by one in a seeded random order and pick layers with routing.choose_window
 (tiered and staggered as the peers are: routing.layer_view.crossing_throughput); then every
-peer runs routing.plan_move in random order until a whole round moves nobody
-(the decentralised balance loop, without its waiting). Clients then open `sessions`
+peer runs its balance check in random order until a whole round moves nobody (the decentralised
+balance loop, without its waiting): routing.plan_move's strength move when it pays
+(routing.strength_move_pays_in, as at the peer's periodic checks), else routing.flow_move. Clients then open `sessions`
 long-running sessions one after another, each routed by routing.choose_route on a view whose
 announced spare fraction is refreshed every ANNOUNCE_EVERY sessions (announcements lag).
 Every session decodes as fast as its route allows; peers share their compute max-min
@@ -33,11 +34,13 @@ from routing import (
     DEFAULT_QUALITY,
     choose_route,
     choose_window,
+    flow_move,
     layer_servers,
     layer_throughput,
     plan_move,
     plan_route,
     route_cost,
+    strength_move_pays_in,
 )
 from routing.flow import max_flow_of
 from routing.layer_view import crossing_throughput
@@ -116,6 +119,10 @@ def place(peers: list[tuple[str, int, float, float]], num_layers: int, quality: 
             others = layer_throughput(view, without=name, min_layers=k)
             target = plan_move(others, layer_servers(view, without=name), ranges[i], rate / k, quality,
                                crossing=crossing_throughput(view, without=name, min_layers=k))
+            if target is not None and not strength_move_pays_in(view, name, target):
+                target = None
+            if target is None:  # no cooldown: the loop ends when a whole round moves nobody
+                target = flow_move(view, name, since_last_move_s=None)
             if target is not None:
                 ranges[i] = target
                 moves += 1
