@@ -549,9 +549,9 @@ def simulate(cfg: SimConfig) -> SimResult:
         # runs with standbys almost never see, and it would make the GPU peers' run depend on them.
         target = plan_move(others, online, p.layers, p.thr, cfg.quality, counted, discount=cfg.sole_discount,
                            guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit(), crossing=crossing)
-        if target is not None and cfg.strength_gate and not reacting and counts is not None:
+        if target is not None and cfg.strength_gate and not reacting:
             # A periodic check's strength move goes only when it pays (routing.move_gate).
-            if not strength_move_pays(placed_without(p), num_layers, p.layers, target, p.thr * p.k, counts,
+            if not strength_move_pays(placed_without(p), num_layers, p.layers, target, p.thr * p.k, swarm.counted,
                                       shared_flow()[0]):
                 target = None
         strength = target is not None
