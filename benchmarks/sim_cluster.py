@@ -41,6 +41,7 @@ from routing import (
     plan_route,
     route_cost,
     strength_move_pays_in,
+    view_flow,
 )
 from routing.flow import max_flow_of
 from routing.layer_view import crossing_throughput
@@ -119,10 +120,13 @@ def place(peers: list[tuple[str, int, float, float]], num_layers: int, quality: 
             others = layer_throughput(view, without=name, min_layers=k)
             target = plan_move(others, layer_servers(view, without=name), ranges[i], rate / k, quality,
                                crossing=crossing_throughput(view, without=name, min_layers=k))
-            if target is not None and not strength_move_pays_in(view, name, target):
-                target = None
+            flow = None  # one max flow for the gate and flow_move, as at the peer
+            if target is not None:
+                flow = view_flow(view, name)
+                if not strength_move_pays_in(view, name, target, flow_now=flow[0]):
+                    target = None
             if target is None:  # no cooldown: the loop ends when a whole round moves nobody
-                target = flow_move(view, name, since_last_move_s=None)
+                target = flow_move(view, name, since_last_move_s=None, flow=flow)
             if target is not None:
                 ranges[i] = target
                 moves += 1

@@ -28,6 +28,7 @@ from routing import (
     standby_load_order,
     strength_move_pays_in,
     urgent_layers,
+    view_flow,
 )
 from shards.config import ModelConfig
 from swarm.reachability import machine_of
@@ -112,19 +113,20 @@ async def balance_loop(placement: Placement) -> None:
             decided_on = urgent_layers(view)
             if placement.peer_id() not in view.records:
                 continue  # our own record is not visible yet; decide on the next round
-            target = should_move(view, placement.peer_id(), quality=cfg.balance_quality,
-                                 my_throughput=placement.throughput())
-            if target is not None and woke is None and not strength_move_pays_in(
-                    view, placement.peer_id(), target, my_throughput=placement.throughput()):
+            me, throughput = placement.peer_id(), placement.throughput()
+            target = should_move(view, me, quality=cfg.balance_quality, my_throughput=throughput)
+            flow = None  # the swarm's max flow, computed at most once per check (the gate and flow_move share it)
+            if target is not None and woke is None:
                 # A periodic check, not a reaction to a hole: the move must pay for its reload (routing.move_gate).
-                logger.info("layers %s are weaker than ours by strength, but moving there would neither give a layer "
-                            "with one server a second nor raise the swarm's max flow: staying", target)
-                target = None
+                flow = view_flow(view, me, throughput)
+                if not strength_move_pays_in(view, me, target, throughput, flow_now=flow[0]):
+                    logger.info("layers %s are weaker than ours by strength, but moving there would neither give a "
+                                "layer with one server a second nor raise the swarm's max flow: staying", target)
+                    target = None
             if target is None:
                 since = None if last_move is None else loop.time() - last_move
-                target = flow_move(view, placement.peer_id(), since_last_move_s=since,
-                                   my_throughput=placement.throughput())
-                if forced is not None and covered_without(view, placement.peer_id()):
+                target = flow_move(view, me, since_last_move_s=since, my_throughput=throughput, flow=flow)
+                if forced is not None and covered_without(view, me):
                     target, forced = forced, None
                 if target is not None:
                     logger.info("the swarm's max flow runs dry in %s: moving there from %s cuts what it lacks for a "

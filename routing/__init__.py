@@ -23,7 +23,7 @@ Only `swarm.types` is imported from the rest of the project.
              the max flow runs dry that cuts by SHORTFALL_CUT what the swarm lacks for a rise of
              flow_move_gain (its capacity share, x4, within 0.05-1%), at most once per
              FLOW_MOVE_COOLDOWN_S (after should_move says stay, or its move does not pay);
-             swarm_flow: the one max flow per view those checks share.
+             swarm_flow: the one max flow per view those checks share (on a view: view_flow).
 - move_gate.py strength_move_pays (on a view: strength_move_pays_in): a strength move found at a
              periodic check goes only when it gives a layer with at most one server a second or
              raises the swarm's max flow by GATE_MARGIN (reactions to holes are not gated).
@@ -61,6 +61,7 @@ from routing.flow_move import (
     flow_move_gain,
     plan_flow_move,
     swarm_flow,
+    view_flow,
 )
 from routing.layer_view import layer_counts, layer_servers, layer_throughput
 from routing.leaving import (
@@ -132,4 +133,5 @@ __all__ = [
     "thin_layers",
     "thin_without",
     "urgent_layers",
+    "view_flow",
 ]

@@ -164,29 +164,46 @@ def _least_lacking_window(others: list[tuple[LayerRange, float]], num_layers: in
     return None if best is None else (best[1], best[0][0])
 
 
-def flow_move(view: SwarmView, me: str, *, since_last_move_s: float | None,
-              my_throughput: float | None = None, search: bool = True) -> LayerRange | None:
-    """plan_flow_move on a view, for peer `me` whose last move was `since_last_move_s` ago (None: never);
-    `search` False: the rule before (plan_flow_move).
-
-    Call it when should_move says stay: a move for strengths comes first.
-    """
+def mover_in(view: SwarmView, me: str, my_throughput: float | None = None) -> tuple[LayerRange, float]:
+    """(layers, layer-tokens/s) of peer `me` in the view (its record's throughput, or `my_throughput`),
+    its layers clipped to the model: what a move decision weighs it at."""
     record = view.records.get(me)
     if record is None:
         raise ValueError(f"peer {me!r} is not in the view of model {view.model}")
-    if since_last_move_s is not None and since_last_move_s < FLOW_MOVE_COOLDOWN_S:
-        return None
     current = LayerRange(min(record.layers.start, view.num_layers - 1), min(record.layers.end, view.num_layers))
     throughput = record.throughput if my_throughput is None else my_throughput
+    return current, len(current) * max(throughput, 0.0)
+
+
+def view_flow(view: SwarmView, me: str, my_throughput: float | None = None) -> tuple[float, int | None]:
+    """swarm_flow of the view's placement with peer `me` weighed as mover_in: computed once, it serves
+    both the move gate (routing.move_gate) and flow_move at one balance check."""
+    current, capacity = mover_in(view, me, my_throughput)
+    return swarm_flow([*balanced_placement(view, without=me), (current, capacity)], view.num_layers)
+
+
+def flow_move(view: SwarmView, me: str, *, since_last_move_s: float | None,
+              my_throughput: float | None = None, search: bool = True,
+              flow: tuple[float, int | None] | None = None) -> LayerRange | None:
+    """plan_flow_move on a view, for peer `me` whose last move was `since_last_move_s` ago (None: never);
+    `search` False: the rule before (plan_flow_move); `flow`: view_flow of the same view and
+    throughput when already computed.
+
+    Call it when should_move says stay: a move for strengths comes first.
+    """
+    current, capacity = mover_in(view, me, my_throughput)
+    if since_last_move_s is not None and since_last_move_s < FLOW_MOVE_COOLDOWN_S:
+        return None
     return plan_flow_move(
         balanced_placement(view, without=me),
         view.num_layers,
         current,
-        len(current) * max(throughput, 0.0),
+        capacity,
         layer_throughput(view, without=me, min_layers=len(current)),
         layer_servers(view, without=me),
         staying_throughput(view, without=me),
         thin_threshold(view),
+        flow=flow,
         tier_crossing=crossing_throughput(view, without=me, min_layers=len(current)),
         search=search,
     )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.flow_move import swarm_flow
+from routing.flow_move import mover_in, swarm_flow
 from routing.layer_view import balanced_placement, layer_counts
 from swarm.types import LayerRange, SwarmView
 
@@ -46,13 +46,12 @@ def strength_move_pays(others: list[tuple[LayerRange, float]], num_layers: int, 
     return after > flow_now * (1 + GATE_MARGIN)
 
 
-def strength_move_pays_in(view: SwarmView, me: str, target: LayerRange, my_throughput: float | None = None) -> bool:
-    """strength_move_pays on a view, for peer `me` (its record's layers and throughput, or `my_throughput`)."""
-    record = view.records.get(me)
-    if record is None:
-        raise ValueError(f"peer {me!r} is not in the view of model {view.model}")
-    current = LayerRange(min(record.layers.start, view.num_layers - 1), min(record.layers.end, view.num_layers))
-    capacity = len(current) * max(record.throughput if my_throughput is None else my_throughput, 0.0)
+def strength_move_pays_in(view: SwarmView, me: str, target: LayerRange, my_throughput: float | None = None,
+                          flow_now: float | None = None) -> bool:
+    """strength_move_pays on a view, for peer `me` (its record's layers and throughput, or `my_throughput`);
+    `flow_now`: flow_move.view_flow's flow of the same view and throughput when already computed."""
+    current, capacity = mover_in(view, me, my_throughput)
     others = balanced_placement(view, without=me)
-    flow_now, _ = swarm_flow([*others, (current, capacity)], view.num_layers)
+    if flow_now is None:
+        flow_now, _ = swarm_flow([*others, (current, capacity)], view.num_layers)
     return strength_move_pays(others, view.num_layers, current, target, capacity, layer_counts(view), flow_now)

@@ -3,7 +3,15 @@ second server or raises the swarm's max flow."""
 
 from __future__ import annotations
 
-from routing import GATE_MARGIN, max_flow_throughput, should_move, strength_move_pays, strength_move_pays_in
+from routing import (
+    GATE_MARGIN,
+    flow_move,
+    max_flow_throughput,
+    should_move,
+    strength_move_pays,
+    strength_move_pays_in,
+    view_flow,
+)
 from routing.flow_move import swarm_flow
 from routing.layer_view import balanced_placement, layer_counts
 from swarm.types import LayerRange, PeerRecord
@@ -32,6 +40,11 @@ def test_a_strength_move_that_leaves_the_max_flow_where_it_was_is_held() -> None
     assert target == LayerRange(4, 8)
     assert max_flow_throughput(_moved(v, target)) <= max_flow_throughput(v)
     assert not strength_move_pays_in(v, "a", target)
+    # The balancer computes the swarm's max flow once and hands it to the gate and to flow_move.
+    flow = view_flow(v, "a")
+    assert flow == swarm_flow(balanced_placement(v), 12)
+    assert not strength_move_pays_in(v, "a", target, flow_now=flow[0])
+    assert flow_move(v, "a", since_last_move_s=None, flow=flow) == flow_move(v, "a", since_last_move_s=None)
 
 
 def test_a_strength_move_that_raises_the_max_flow_goes() -> None:
