@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from client import DistributedModel  # noqa: E402
 from client.local_swarm import LocalSwarm, SwarmProcess  # noqa: E402
 from shards.demo_model import prepare_demo_model  # noqa: E402
+from swarm.launcher import launched_env  # noqa: E402
 
 LAYERS = ["0:10", "10:20", "20:30"]
 PASSAGE = (
@@ -82,7 +83,7 @@ def start_peer(swarm: LocalSwarm, ns: str, addr: str, model: Path, layers: str) 
         stdin=subprocess.DEVNULL,
         text=True,
         start_new_session=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"),
+        env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **launched_env()),
     )
     process = SwarmProcess(proc, log_path)
     threading.Thread(target=process._pump, daemon=True).start()

@@ -8,6 +8,7 @@ process it started, also on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ from client.demo_swarm import (
     start_demo_peers,
     stop_like_ctrl_c_on_sigterm,
 )
+from swarm.launcher import launched_env
 
 DEFAULT_PROMPT = "Explain in three sentences why the sky is blue."
 
@@ -31,7 +33,7 @@ def start_monitor(initial_peer: str, port: int, log_dir: Path) -> subprocess.Pop
         [sys.executable, "-m", "client.monitor.cli", "--initial-peers", initial_peer, "--port", str(port),
          "--refresh", "2"],
         stdout=subprocess.DEVNULL, stderr=open(log_dir / "monitor.log", "w"),  # noqa: SIM115
-        stdin=subprocess.DEVNULL, start_new_session=True,
+        stdin=subprocess.DEVNULL, start_new_session=True, env=dict(os.environ, **launched_env()),
     )
 
 

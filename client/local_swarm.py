@@ -21,6 +21,8 @@ from pathlib import Path
 
 import psutil
 
+from swarm.launcher import launched_env
+
 __all__ = ["LocalSwarm", "SwarmProcess"]
 
 START_TIMEOUT = 90.0  # seconds; a peer loads weights, joins the DHT and measures itself
@@ -127,7 +129,7 @@ class LocalSwarm:
 
     def spawn(self, args: list[str], name: str) -> SwarmProcess:
         log_path = self.log_dir / f"{name}-{len(self.processes)}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **launched_env(), **self.extra_env)
         proc = subprocess.Popen(
             [sys.executable, "-m", "peer.cli", *args],
             stdout=subprocess.PIPE,

@@ -37,6 +37,7 @@ from routing.flow_move import (
     SHORTFALL_CUT,
 )
 from routing.move_gate import GATE_MARGIN
+from swarm.launcher import exit_with_launcher
 from swarm.types import LayerRange
 
 
@@ -86,6 +87,7 @@ def main(
                                                help="Print the installed layerswarm version and exit.")] = False,
 ) -> None:
     """layerswarm peer: serve a range of a model's layers to the swarm."""
+    exit_with_launcher()  # started by a demo, benchmark or test: stop when it dies (swarm/launcher.py)
 
 InitialPeers = Annotated[
     list[str] | None,

@@ -15,6 +15,8 @@ Files and the concept each one owns:
   records.py     signed records: owned subkeys, RSA signature + max-TTL validators, owner_of,
                  SignedRecord (a value as stored, signature included) and open_signed (its check)
   lifeline.py    no orphans: the DHT child and its p2pd die with the process that started them
+  launcher.py    no orphans, one level up: processes we start (launched_env) stop when their starter
+                 dies, even by kill -9 (exit_with_launcher); watch_parent
 
 The protocol itself (messages, limits, error codes, DHT keys, push design) is in docs/protocol.md.
 `types` is importable without torch or hivemind; the other modules import them lazily via this

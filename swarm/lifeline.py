@@ -6,7 +6,7 @@ both used to live on with parent 1, holding ~250 MB and the node's port. Two gua
 
 * the DHT child runs a watchdog thread that polls its parent pid and exits when it changes
   (polling, not PR_SET_PDEATHSIG: that signal fires when the *thread* that forked the child
-  exits, and peers start their DHT node from short-lived executor threads);
+  exits, and peers start their DHT node from short-lived executor threads; swarm/launcher.py);
 * p2pd is started with PR_SET_PDEATHSIG = SIGKILL (Linux), so it dies with the DHT child,
   whether the child exits cleanly, by the watchdog, or is killed itself. p2pd is forked from the
   DHT child's event-loop thread, which lives as long as the child.
@@ -29,15 +29,14 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import threading
-import time
 
 import hivemind
 from hivemind.utils.mpfuture import MPFuture, SharedBytes
 
+from swarm.launcher import watch_parent
+
 logger = logging.getLogger(__name__)
 
-PARENT_POLL_SECONDS = 0.25
 # A holder keeps these locks for one small pipe write or a dict update (microseconds); one not free
 # after a second belongs to a process that died holding it.
 STALE_LOCK_SECONDS = 1.0
@@ -53,21 +52,6 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-
-
-def watch_parent(parent_pid: int, on_orphaned=None, poll: float = PARENT_POLL_SECONDS) -> threading.Thread:
-    """Start a daemon thread that calls `on_orphaned()` (default: exit now) once the parent is gone."""
-
-    def run() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(poll)
-        if on_orphaned is not None:
-            on_orphaned()
-        os._exit(0)  # the parent is gone: nobody can use or stop us any more
-
-    thread = threading.Thread(target=run, name="parent-watch", daemon=True)
-    thread.start()
-    return thread
 
 
 def replace_stale_shared_locks(wait: float = STALE_LOCK_SECONDS) -> list[str]:

@@ -25,6 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from client.local_swarm import LocalSwarm, SwarmProcess
+from swarm.launcher import launched_env
 from tests.polling import wait_for
 from tests.swarm_processes import TEST_ENV, new_test_swarm
 
@@ -41,7 +42,8 @@ class Monitor:
             [sys.executable, "-m", "client.monitor.cli", "--initial-peers", initial_peer,
              "--port", "0", "--refresh", "1", "--rpc-timeout", "2", "--log-level", "debug"],
             stdout=subprocess.PIPE, stderr=open(log_path, "w"), stdin=subprocess.DEVNULL,  # noqa: SIM115
-            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", **TEST_ENV), start_new_session=True,
+            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", **launched_env(), **TEST_ENV),
+            start_new_session=True,
         )
         self.log_path = log_path
         lines: queue.Queue[str] = queue.Queue()

@@ -1,4 +1,5 @@
-"""No orphans: `kill -9` of a peer, a DHT node or the monitor leaves no DHT child or p2pd behind.
+"""No orphans: `kill -9` of a peer, a DHT node or the monitor leaves no DHT child or p2pd behind, and
+`kill -9` of what started them (a demo, a test run) leaves none of them.
 
 Before (2026-11-30) each kill left the DHT process (~250 MB) and p2pd running under pid 1.
 Real processes; their helpers are listed with psutil before the kill and must all be gone after.
@@ -8,15 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from swarm.dht import SwarmNode
+from swarm.launcher import LAUNCHER_ENV, ORPHAN_GRACE_S, exit_with_launcher, launched_env
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GONE_WITHIN = 8.0  # seconds; the DHT child polls its parent every 0.25 s, p2pd dies with it
 
@@ -99,6 +105,65 @@ def test_p2pd_dies_with_a_killed_dht_child(swarm_node_factory) -> None:
     while any(_alive(h) for h in helpers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [h for h in helpers if _alive(h)], "p2pd outlived its DHT process"
+
+
+# A demo or test run in miniature: starts a DHT node and a peer through LocalSwarm, prints their pids
+# and waits to be killed.
+_LAUNCHER = """
+import sys, time
+from pathlib import Path
+from client.local_swarm import LocalSwarm
+swarm = LocalSwarm(Path(sys.argv[2]), {"OMP_NUM_THREADS": "1"})
+swarm.start_dht()
+swarm.start_peer(Path(sys.argv[1]), "0:2")
+print(*(process.pid for process in swarm.processes), flush=True)
+time.sleep(300)
+"""
+
+
+def _first_line(proc: subprocess.Popen, timeout: float) -> str:
+    """proc's first stdout line, waiting at most `timeout` s."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    return proc.stdout.readline() if ready else ""
+
+
+@pytest.mark.slow
+def test_processes_a_killed_launcher_started_stop_with_their_helpers(tiny_model, tmp_path) -> None:
+    """kill -9 of a demo, benchmark or test run leaves none of the peers it started (swarm/launcher.py):
+    before, they served on under pid 1 for a minute or more."""
+    with open(tmp_path / "launcher.log", "w") as log:
+        launcher = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(tiny_model), str(tmp_path)], cwd=ROOT,
+                                    stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                                    start_new_session=True)
+        started: list[psutil.Process] = []
+        try:
+            pids = _first_line(launcher, 120.0).split()
+            assert len(pids) == 2, f"the launcher started no swarm: {(tmp_path / 'launcher.log').read_text()[-2000:]}"
+            started = [psutil.Process(int(pid)) for pid in pids]
+            started += [helper for process in started for helper in _helpers_when_up(process.pid)]
+            os.kill(launcher.pid, signal.SIGKILL)
+            deadline = time.monotonic() + ORPHAN_GRACE_S + GONE_WITHIN
+            while any(_alive(p) for p in started) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            left = [f"{p.pid}:{p.name()}" for p in started if _alive(p)]
+            assert not left, f"still running {ORPHAN_GRACE_S + GONE_WITHIN} s after kill -9 of their launcher: {left}"
+        finally:
+            for process in started:  # never leave them to the next test, whatever the outcome
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+            launcher.kill()
+            launcher.wait()
+
+
+def test_only_a_process_started_by_its_launcher_watches_it(monkeypatch) -> None:
+    """A peer from a user's shell (no LAUNCHER_ENV) lives on; so does a grandchild, which inherits a pid
+    that is not its parent's."""
+    monkeypatch.delenv(LAUNCHER_ENV, raising=False)
+    assert exit_with_launcher() is None
+    monkeypatch.setenv(LAUNCHER_ENV, str(os.getpid()))  # our own pid: not our parent's
+    assert exit_with_launcher() is None
+    assert launched_env() == {LAUNCHER_ENV: str(os.getpid())}
 
 
 # Run in its own interpreter: if the guard regressed, the stuck lock would hang every later node of

@@ -16,6 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
+from swarm.launcher import exit_with_launcher
+
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 logger = logging.getLogger("swarm-api")
 
@@ -87,6 +89,7 @@ def main(
     max_running: Annotated[int, typer.Option(metavar="N", help="Generations running at once (each its own session on the peers); more requests wait in line.", min=1, max=1024)] = 64,
     log_level: Annotated[str, typer.Option(metavar="LEVEL", help="Logging level on stderr: debug, info, warning or error.")] = "info",
 ) -> None:
+    exit_with_launcher()  # started by make chat, a benchmark or a test: stop when it dies (swarm/launcher.py)
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise typer.BadParameter(f"{log_level!r}: choose debug, info, warning or error", param_hint="--log-level")

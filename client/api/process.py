@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from swarm.launcher import launched_env
+
 START_TIMEOUT = 180.0  # seconds: loading the head, joining the DHT (slow on a busy machine)
 
 
@@ -29,7 +31,8 @@ class GatewayProcess:
             [sys.executable, "-m", "client.api.cli", "--model", str(model), "--initial-peers", initial_peer,
              "--port", str(port), *extra],
             stdout=subprocess.PIPE, stderr=open(log_path, "w"), stdin=subprocess.DEVNULL,  # noqa: SIM115
-            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})), start_new_session=True,
+            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", **launched_env(), **(env or {})),
+            start_new_session=True,
         )
         lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, args=(lines,), daemon=True).start()

@@ -16,6 +16,8 @@ from typing import Annotated
 
 import typer
 
+from swarm.launcher import exit_with_launcher
+
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 logger = logging.getLogger("swarm-monitor")
 
@@ -93,6 +95,7 @@ def main(
     swarm_key: Annotated[Path | None, typer.Option("--swarm-key", metavar="FILE", help="Secret file of a private swarm (from `swarm-peer keygen`); without it a private swarm looks empty.")] = None,
     log_level: Annotated[str, typer.Option(metavar="LEVEL", help="Logging level on stderr: debug, info, warning or error.")] = "info",
 ) -> None:
+    exit_with_launcher()  # started by the demo or a test: stop when it dies (swarm/launcher.py)
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise typer.BadParameter(f"{log_level!r}: choose debug, info, warning or error", param_hint="--log-level")
