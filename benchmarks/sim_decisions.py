@@ -36,10 +36,11 @@ from routing import (
     should_move,
     standby_layers,
     strength_move_pays,
-    swarm_flow,
     urgent_layers,
+    view_flow,
 )
 from routing.flow import bottleneck_layer
+from routing.flow_move import mover_in
 from routing.layer_view import balanced_placement, staying_throughput
 from routing.leaving import leaves_safely, thin_threshold
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
@@ -91,11 +92,10 @@ def median_ms(fn, repeat: int) -> float:
 def full_strength_gate(view: SwarmView, me: str) -> bool:
     """routing.move_gate's whole computation for `me` (what strength_move_pays_in does, without the early
     yes of a target holding a layer with one server): both max flows, the move's and the view's."""
-    current = view.records[me].layers
+    current, capacity = mover_in(view, me)
     start = (current.start + view.num_layers // 2) % (view.num_layers - len(current))  # far from its own layers
     target = LayerRange(start, start + len(current))
-    capacity = len(current) * view.records[me].throughput
-    flow_now, _ = swarm_flow(balanced_placement(view), view.num_layers)
+    flow_now, _ = view_flow(view, me)
     return strength_move_pays(balanced_placement(view, without=me), view.num_layers, current, target, capacity,
                               [2] * view.num_layers, flow_now)
 

@@ -515,15 +515,14 @@ def simulate(cfg: SimConfig) -> SimResult:
     tracer = FlowTrace(Path(cfg.trace)) if cfg.trace else None
     view_flow: list = [-1, (0.0, None)]  # (swarm.placements it was computed at, routing.swarm_flow)
 
-    def placed_without(p: SimPeer) -> list[tuple[LayerRange, float]]:
-        """The placement balancing counts (routing.balanced_placement), peer p left out."""
+    def placed_without(p: SimPeer | None) -> list[tuple[LayerRange, float]]:
+        """The placement balancing counts (routing.balanced_placement), peer p (if any) left out."""
         return [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining and q is not p]
 
     def shared_flow() -> tuple[float, int | None]:
         """routing.swarm_flow of the placement balancing counts: every peer reading this view shares it."""
         if view_flow[0] != swarm.placements:
-            placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
-            view_flow[:] = [swarm.placements, swarm_flow(placed, num_layers)]
+            view_flow[:] = [swarm.placements, swarm_flow(placed_without(None), num_layers)]
         return view_flow[1]
 
     def try_move(p: SimPeer, now: float, delay: float = 0.0, reacting: bool = False) -> bool:
