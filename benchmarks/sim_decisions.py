@@ -5,7 +5,9 @@
 Builds a SwarmView of `peers` peers drawn from the simulator's GPU classes, placed one after
 another where the swarm is weakest, on an 80-layer model and on a model sized for 2x redundancy,
 then times (median CPU time of `repeat` calls) what a peer and a client compute from the DHT view:
-choose_layers (join), should_move (balance check), strength_move_pays (the gate of a strength move found at a
+choose_layers (join), balance_check (a GPU peer's whole periodic check as one call, timed for
+`check_peers` peers spread over the view and the peer below: the median and the slowest), should_move
+(its first step), strength_move_pays (the gate of a strength move found at a
 periodic check: two max flows), flow_move (the same check when should_move says stay or its move does not pay,
 timed for a peer that may leave its layers and does not hold the bottleneck: the whole computation, every window
 holding the first short layer tried), urgent_layers (the watch every 5 s: gaps
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from benchmarks.simulate_swarm import GPU_CLASSES, THROUGHPUT_SIGMA
 from routing import (
+    balance_check,
     choose_layers,
     choose_route,
     choose_window,
@@ -100,11 +103,23 @@ def full_strength_gate(view: SwarmView, me: str) -> bool:
                               [2] * view.num_layers, flow_now)
 
 
+def whole_check_ms(view: SwarmView, check_peers: int, repeat: int) -> tuple[float, float]:
+    """(median, slowest) over `check_peers` peers evenly spread over the view's ids, and the peer whose
+    flow_move runs every step (full_flow_check_peer), of each peer's median time for one periodic
+    balance_check that may make a flow move: the whole decision, as peer/balancer.py calls it."""
+    ids = sorted(view.records)
+    peers = {ids[i * len(ids) // check_peers] for i in range(check_peers)} | {full_flow_check_peer(view)}
+    times = [median_ms(lambda me=me: balance_check(view, me, since_last_move_s=None, periodic=True), repeat)
+             for me in sorted(peers)]
+    return statistics.median(times), max(times)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peers", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--check-peers", type=int, default=40, help="peers whose whole balance check is timed")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "decisions.json")
     a = ap.parse_args(argv)
     rows = {}
@@ -114,9 +129,12 @@ def main(argv: list[str] | None = None) -> dict:
         me = sorted(view.records)[a.peers // 2]
         rng = random.Random(a.seed)
         machines = {p: f"10.0.{i // 250}.{i % 250}" for i, p in enumerate(sorted(view.records))}
+        check_median, check_max = whole_check_ms(view, a.check_peers, a.repeat)
         rows[label] = {
             "layers": view.num_layers,
             "choose_layers_ms": median_ms(lambda v=view: choose_layers(v, 8), a.repeat),
+            "balance_check_median_ms": check_median,
+            "balance_check_max_ms": check_max,
             "should_move_ms": median_ms(lambda v=view, me=me: should_move(v, me), a.repeat),
             "strength_gate_ms": median_ms(lambda v=view, me=me: full_strength_gate(v, me), a.repeat),
             "flow_move_ms": median_ms(lambda v=view, me=full_flow_check_peer(view): flow_move(v, me, since_last_move_s=None),
@@ -128,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
             "choose_route_busy_ms": median_ms(lambda v=busy, rng=rng: choose_route(v, rng), a.repeat),
             "max_flow_ms": median_ms(lambda v=view: max_flow_throughput(v), 1),
         }
-    header = ["view", "layers", "choose_layers", "should_move", "strength gate", "flow_move", "urgent_layers", "exposes_on_leaving", "standby_layers", "choose_route idle", "choose_route busy", "max flow"]
+    header = ["view", "layers", "choose_layers", "balance check (median)", "balance check (slowest)", "should_move", "strength gate", "flow_move", "urgent_layers", "exposes_on_leaving", "standby_layers", "choose_route idle", "choose_route busy", "max flow"]
     print(" | ".join(header))
     for label, r in rows.items():
         print(" | ".join([label, str(r["layers"])] + [f"{r[k]:.1f} ms" for k in list(r)[1:]]))

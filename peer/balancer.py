@@ -1,9 +1,9 @@
 """Where this peer serves: pick layers on join, and move to the swarm's weakest layers later
 (a standby: to the layers one crash would leave dark).
 
-The decisions are the pure functions of `routing.balance`, `routing.move_gate` and
-`routing.flow_move`; this file only feeds them fresh views (and the time since its last move, and
-whether the check is periodic or a reaction to a hole) and acts on their answers.
+The decisions are pure functions of `routing` (a check's whole decision: `routing.balance_check`);
+this file only feeds them fresh views (and the time since its last move, and whether the check is
+periodic or a reaction to a hole) and acts on their answers.
 """
 
 from __future__ import annotations
@@ -18,17 +18,15 @@ from dataclasses import dataclass
 from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
 from routing import (
+    MoveKind,
+    balance_check,
     choose_layers,
     covered_without,
     exposes_on_leaving,
-    flow_move,
     move_load_order,
-    should_move,
     standby_layers,
     standby_load_order,
-    strength_move_pays_in,
     urgent_layers,
-    view_flow,
 )
 from shards.config import ModelConfig
 from swarm.reachability import machine_of
@@ -113,24 +111,19 @@ async def balance_loop(placement: Placement) -> None:
             decided_on = urgent_layers(view)
             if placement.peer_id() not in view.records:
                 continue  # our own record is not visible yet; decide on the next round
-            me, throughput = placement.peer_id(), placement.throughput()
-            target = should_move(view, me, quality=cfg.balance_quality, my_throughput=throughput)
-            flow = None  # the swarm's max flow, computed at most once per check (the gate and flow_move share it)
-            if target is not None and woke is None:
-                # A periodic check, not a reaction to a hole: the move must pay for its reload (routing.move_gate).
-                flow = view_flow(view, me, throughput)
-                if not strength_move_pays_in(view, me, target, throughput, flow_now=flow[0]):
-                    logger.info("layers %s are weaker than ours by strength, but moving there would neither give a "
-                                "layer with one server a second nor raise the swarm's max flow: staying", target)
-                    target = None
-            if target is None:
-                since = None if last_move is None else loop.time() - last_move
-                target = flow_move(view, me, since_last_move_s=since, my_throughput=throughput, flow=flow)
-                if forced is not None and covered_without(view, me):
-                    target, forced = forced, None
-                if target is not None:
-                    logger.info("the swarm's max flow runs dry in %s: moving there from %s cuts what it lacks for a "
-                                "higher flow (routing.flow_move)", target, placement.layers())
+            me = placement.peer_id()
+            since = None if last_move is None else loop.time() - last_move
+            decision = balance_check(view, me, since_last_move_s=since, periodic=woke is None,
+                                     my_throughput=placement.throughput(), quality=cfg.balance_quality)
+            if decision.held is not None:
+                logger.info("layers %s are weaker than ours by strength, but moving there would neither give a "
+                            "layer with one server a second nor raise the swarm's max flow: staying", decision.held)
+            target = decision.target
+            if decision.kind is not MoveKind.STRENGTH and forced is not None and covered_without(view, me):
+                target, forced = forced, None
+            if target is not None and decision.kind is not MoveKind.STRENGTH:
+                logger.info("the swarm's max flow runs dry in %s: moving there from %s cuts what it lacks for a "
+                            "higher flow (routing.flow_move)", target, placement.layers())
             if target is not None:
                 # Gaps and thin layers first, each served as it arrives (routing.move_load_order).
                 if await placement.migrate(target, move_load_order(view, placement.peer_id(), target), view):

@@ -24,6 +24,9 @@ Only `swarm.types` is imported from the rest of the project.
              flow_move_gain (its capacity share, x4, within 0.05-1%), at most once per
              FLOW_MOVE_COOLDOWN_S (after should_move says stay, or its move does not pay);
              swarm_flow: the one max flow per view those checks share (on a view: view_flow).
+- balance_check.py balance_check (BalanceDecision, MoveKind): a GPU peer's whole balance check,
+             should_move gated by strength_move_pays_in at a periodic check, else flow_move, one
+             max flow shared: what peer/balancer.py acts on.
 - move_gate.py strength_move_pays (on a view: strength_move_pays_in): a strength move found at a
              periodic check goes only when it gives a layer with at most one server a second or
              raises the swarm's max flow by GATE_MARGIN (reactions to holes are not gated).
@@ -50,6 +53,7 @@ from routing.balance import (
     should_move,
     strengths,
 )
+from routing.balance_check import BalanceDecision, MoveKind, balance_check
 from routing.bans import BAN_BASE_S, BAN_CAP_S, BAN_FACTOR, BanList
 from routing.costs import RouteCosts, hop_cost
 from routing.flow import capacity_bound, max_flow_throughput
@@ -93,7 +97,9 @@ __all__ = [
     "GATE_MARGIN",
     "SOLE_DISCOUNT",
     "THIN_SHARE",
+    "BalanceDecision",
     "BanList",
+    "MoveKind",
     "NoRouteError",
     "RouteCosts",
     "choose_layers",
@@ -102,6 +108,7 @@ __all__ = [
     "covered_without",
     "exposes_on_leaving",
     "may_move",
+    "balance_check",
     "capacity_bound",
     "flow_move",
     "flow_move_gain",

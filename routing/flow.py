@@ -16,8 +16,9 @@ so compute, not bandwidth, limits a swarm of home GPUs; latency shows up in rout
 
 Each peer's layers are one interval, so the bipartite graph is convex and feasibility is
 decided exactly by a greedy (Glover's rule): walk the layers in order and feed each one
-from the peers whose intervals end soonest. A bisection on F around that check gives the
-maximum to a relative 1e-9 in O(iterations x peers log peers).
+from the peers whose intervals end soonest. A search on F over that greedy (secant steps from
+above, max_flow_of) gives the maximum to a relative 1e-9 in O(rounds x peers log peers), 5-10
+rounds on a simulated swarm's placement.
 """
 
 from __future__ import annotations
@@ -28,13 +29,20 @@ from dataclasses import dataclass
 
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
-# Bisection stops when the bracket is this small relative to the answer: far below any
-# throughput difference that matters, and ~40 iterations from the initial bracket.
+# The search stops when its bracket is this small relative to the answer: far below any
+# throughput difference that matters.
 RELATIVE_TOLERANCE = 1e-9
-# bottleneck_layer only needs where the flow runs dry, not its exact value: a bisection to
-# 0.1% takes ~10 rounds instead of ~35 (a join decision stays well under 100 ms at 5,000
-# layers), and probing 0.2% above still fails at the binding layer.
+# bottleneck_layer only needs where the flow runs dry, not its exact value (a bisection took ~10
+# rounds to 0.1% instead of ~35; the secant search meets the max flow in about as many either way),
+# and probing 0.2% above still fails at the binding layer.
 BOTTLENECK_TOLERANCE = 1e-3
+# max_flow_of's search takes 5-10 rounds; this bound (half of it secant steps at most, then pure
+# bisection, which halves the bracket each round) only guards against float noise.
+MAX_SEARCH_ROUNDS = 200
+# ... and starts this far above the flow of every peer spreading evenly (a feasible flow, typically
+# 1-3% under the max flow of a balanced swarm), doubling the step while feasible: a secant through
+# flows near the max flow meets it in a few steps, one through the far bound takes many.
+FIRST_STEP = 0.03
 
 
 def peer_capacities(view: SwarmView, states: Iterable[PeerState] = (PeerState.ONLINE,)) -> list[tuple[LayerRange, float]]:
@@ -99,50 +107,63 @@ def feed_greedily(placement: list[tuple[LayerRange, float]], num_layers: int, fl
 
 
 def _feed(placement: list[tuple[LayerRange, float]], num_layers: int, flow: float, stop_at_first: bool) -> GreedyFeed:
-    """The greedy of feasible() and feed_greedily(): stops at the first short layer or feeds them all.
+    """The greedy of feasible() and feed_greedily(): stops at the first short layer or feeds them all."""
+    return _Greedy(placement, num_layers).feed(flow, stop_at_first, track_unused=not stop_at_first)
+
+
+class _Greedy:
+    """Glover's greedy on one placement, prepared once and run at as many flows as a search needs.
 
     Between two consecutive interval ends or starts the open peers do not change, so the greedy
     feeds such a run of m layers in one go: m * flow drawn from the soonest-ending peers first,
     as layer-by-layer feeding would. O((peers) log peers), not O(layers): 3-4x faster at 7,000 layers.
     """
-    starting: dict[int, list[list]] = {}
-    bounds = {0, num_layers}
-    for index, (layers, capacity) in enumerate(placement):
-        if capacity > 0:
-            starting.setdefault(layers.start, []).append([layers.end, capacity, index])
-            bounds.update((min(layers.start, num_layers), min(layers.end, num_layers)))
-    residue = flow * RELATIVE_TOLERANCE * 1e-3  # float residue, far below the bisection tolerance
-    unused = [] if stop_at_first else [0.0] * len(placement)
-    open_peers: list[list] = []  # heap of [end, remaining capacity, index]
-    first_short: int | None = None
-    shortfall = 0.0
-    edges = sorted(bounds)
-    for first, stop in zip(edges, edges[1:]):
-        for entry in starting.get(first, ()):
-            heapq.heappush(open_peers, entry)
-        while open_peers and open_peers[0][0] <= first:
-            entry = heapq.heappop(open_peers)  # ended before this run: its rest is lost
-            if unused:
+
+    def __init__(self, placement: list[tuple[LayerRange, float]], num_layers: int) -> None:
+        starting: dict[int, list[tuple[int, float, int]]] = {}
+        bounds = {0, num_layers}
+        for index, (layers, capacity) in enumerate(placement):
+            if capacity > 0:
+                starting.setdefault(layers.start, []).append((layers.end, capacity, index))
+                bounds.update((min(layers.start, num_layers), min(layers.end, num_layers)))
+        edges = sorted(bounds)
+        self.peers = len(placement)
+        self.runs = [(first, stop, starting.get(first, ())) for first, stop in zip(edges, edges[1:])]
+
+    def feed(self, flow: float, stop_at_first: bool, track_unused: bool) -> GreedyFeed:
+        """Feed every layer `flow`; `stop_at_first`: return at the first short layer (its run's shortfall
+        alone); `track_unused`: fill GreedyFeed.unused (else it is empty)."""
+        residue = flow * RELATIVE_TOLERANCE * 1e-3  # float residue, far below the search's tolerance
+        unused = [0.0] * self.peers if track_unused else []
+        open_peers: list[list] = []  # heap of [end, remaining capacity, index]
+        first_short: int | None = None
+        shortfall = 0.0
+        for first, stop, starting in self.runs:
+            for entry in starting:
+                heapq.heappush(open_peers, list(entry))
+            while open_peers and open_peers[0][0] <= first:
+                entry = heapq.heappop(open_peers)  # ended before this run: its rest is lost
+                if track_unused:
+                    unused[entry[2]] = entry[1]
+            need = (stop - first) * flow
+            while need > residue:
+                if not open_peers:  # fed (stop - first) * flow - need: that many whole layers
+                    if first_short is None:
+                        first_short = first + int(((stop - first) * flow - need + residue) / flow)
+                        if stop_at_first:  # feasible() needs no more: the shortfall is this run's alone
+                            return GreedyFeed(first_short, need, unused)
+                    shortfall += need
+                    break
+                top = open_peers[0]
+                take = min(top[1], need)
+                need -= take
+                top[1] -= take
+                if top[1] <= 0:
+                    heapq.heappop(open_peers)
+        if track_unused:
+            for entry in open_peers:
                 unused[entry[2]] = entry[1]
-        need = (stop - first) * flow
-        while need > residue:
-            if not open_peers:  # fed (stop - first) * flow - need: that many whole layers
-                if first_short is None:
-                    first_short = first + int(((stop - first) * flow - need + residue) / flow)
-                    if stop_at_first:  # feasible() needs no more: the shortfall is this run's alone
-                        return GreedyFeed(first_short, need, unused)
-                shortfall += need
-                break
-            top = open_peers[0]
-            take = min(top[1], need)
-            need -= take
-            top[1] -= take
-            if top[1] <= 0:
-                heapq.heappop(open_peers)
-    for entry in open_peers:
-        if unused:
-            unused[entry[2]] = entry[1]
-    return GreedyFeed(first_short, shortfall, unused)
+        return GreedyFeed(first_short, shortfall, unused)
 
 
 def max_flow_of(placement: list[tuple[LayerRange, float]], num_layers: int,
@@ -150,6 +171,15 @@ def max_flow_of(placement: list[tuple[LayerRange, float]], num_layers: int,
     """The largest tokens/s `placement` can carry through layers [0, num_layers) (0 if any is uncovered).
 
     Exact to a relative `tolerance` (the result is feasible and at most that far below the maximum).
+
+    The search steps down from above along the greedy's shortfall at a flow F (feed_greedily): the
+    most a flow can be served is concave in F (a min over cuts, each linear in F), so the shortfall,
+    F * layers minus it, is convex and piecewise linear, and 0 exactly up to the max flow. A secant
+    through two flows above the max flow then meets 0 at or above it, and on the last linear piece
+    exactly at it. It starts just above the even spread's flow (FIRST_STEP), where the pieces are
+    few: 6-10 greedy passes on a 1,000-2,000-peer placement instead of a bisection's 30-40 (at 1e-9),
+    5x faster (3x at 1e-3). A secant step that does not halve the shortfall is followed by a bisection
+    round, and after MAX_SEARCH_ROUNDS / 2 rounds only bisection rounds follow, so it always ends.
     """
     if num_layers <= 0:
         raise ValueError(f"a model has at least one layer, got {num_layers}")
@@ -163,12 +193,39 @@ def max_flow_of(placement: list[tuple[LayerRange, float]], num_layers: int,
     hi = min(min(per_layer_cap), sum(c for _, c in placement) / num_layers)
     if hi <= 0:
         return 0.0
-    while hi - lo > tolerance * hi:
-        mid = (lo + hi) / 2
-        if feasible(placement, num_layers, mid):
-            lo = mid
+    greedy = _Greedy(placement, num_layers)
+    if greedy.feed(hi, stop_at_first=True, track_unused=False).first_short is None:
+        return hi  # (an infeasible bound usually fails at its first layers: a cheap check)
+    above: list[tuple[float, float]] = []  # (flow, shortfall) of the two lowest infeasible flows tried, lowest first
+    step, climb = "climb", FIRST_STEP
+    for rounds in range(MAX_SEARCH_ROUNDS):
+        if hi - lo <= tolerance * hi:
+            break
+        if step == "climb":  # from the even spread's flow up, in doubling steps while feasible
+            probe, climb = min(lo * (1 + climb), (lo + hi) / 2), 2 * climb
+        elif step == "confirm":  # a secant landed on a feasible flow: the max flow, as it never lands below
+            probe = lo + tolerance * hi / 2
+        elif step == "secant":
+            (x1, s1), (x2, s2) = above
+            probe = x1 - s1 * (x2 - x1) / (s2 - s1) if s2 > s1 else hi
+            if not lo < probe < hi:
+                probe, step = (lo + hi) / 2, "bisect"
         else:
-            hi = mid
+            probe = (lo + hi) / 2
+        fed = greedy.feed(probe, stop_at_first=False, track_unused=False)
+        if fed.first_short is None:
+            lo = probe
+            if step == "secant":
+                step = "confirm"
+            elif step != "climb":
+                step = "secant" if len(above) == 2 else "bisect"
+        else:
+            # A secant step that does not halve the shortfall is slow going: bisect next.
+            slow = step == "secant" and fed.shortfall > above[0][1] / 2
+            hi, above = probe, [(probe, fed.shortfall), *above[:1]]
+            step = "secant" if len(above) == 2 and not slow else "bisect"
+        if rounds >= MAX_SEARCH_ROUNDS // 2:
+            step = "bisect"
     return lo
 
 

@@ -59,7 +59,7 @@ FLOW_MOVE_GAIN_FLOOR = 0.0005
 MOVER_SHARE_GAIN = 4.0
 # The max flow a flow move must beat is computed this exactly (routing.flow.flow_and_bottleneck):
 # at most this share below the true one, so a move passing the check raises the true flow by at
-# least FLOW_MOVE_GAIN_FLOOR - FLOW_TOLERANCE. ~15 bisection rounds instead of ~10.
+# least FLOW_MOVE_GAIN_FLOOR - FLOW_TOLERANCE.
 FLOW_TOLERANCE = FLOW_MOVE_GAIN_FLOOR / 10
 # A peer that moved (for any reason) less than this long ago makes no flow move. Without it
 # flow moves went 1.1-1.4 per peer-hour at 200 peers (the budget is 1): a departure shifts the

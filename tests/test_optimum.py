@@ -69,6 +69,29 @@ def test_max_flow_matches_a_general_lp_solver_on_random_placements() -> None:
         assert max_flow_of(placement, num_layers) == pytest.approx(expected, rel=1e-7, abs=1e-9)
 
 
+@pytest.mark.parametrize("tolerance", [1e-9, 5e-5, 1e-3])
+def test_the_secant_search_is_feasible_and_within_its_tolerance_of_a_plain_bisection(tolerance: float) -> None:
+    """max_flow_of steps down from above along the greedy's shortfall; a plain bisection on feasible()
+    (the search before) run to float precision is the reference: the answer is feasible and at most `tolerance` under it,
+    on small random swarms and on larger ones balanced as a simulated swarm is (where the search starts
+    just above the even spread's flow)."""
+    rng = random.Random(1)
+    cases = [(n, random_placement(rng, n, rng.randint(1, 30))) for n in (rng.randint(1, 40) for _ in range(300))]
+    for _ in range(5):  # 200 peers on 500 layers, windows of 4-24 staggered as joins place them
+        spans = [rng.choice((4, 8, 12, 16, 24)) for _ in range(200)]
+        starts = itertools.accumulate([0, *spans[:-1]])
+        cases.append((500, [(LayerRange(st % 477, st % 477 + k), k * rng.uniform(0.5, 3.0))
+                            for st, k in zip(starts, spans)]))
+    for num_layers, placement in cases:
+        lo, hi = 0.0, sum(c for _, c in placement) + 1.0
+        for _ in range(60):  # to ~1e-16 of the start: below 1e-13 of any flow but a zero one
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if feasible(placement, num_layers, mid) else (lo, mid)
+        found = max_flow_of(placement, num_layers, tolerance)
+        assert feasible(placement, num_layers, found)
+        assert lo * (1 - tolerance) <= found <= hi, (num_layers, placement)
+
+
 def test_capacity_shared_across_non_adjacent_layers_is_counted_once() -> None:
     # One peer of capacity 2 holds 0:3 and alone serves layers 0 and 2; layer 1 has plenty.
     # Checking each run of layers alone would allow 2 tokens/s; layers {0, 2} together share

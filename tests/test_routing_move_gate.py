@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from routing import (
     GATE_MARGIN,
+    BalanceDecision,
+    MoveKind,
+    balance_check,
     flow_move,
     max_flow_throughput,
     should_move,
@@ -67,3 +70,19 @@ def test_a_strength_move_that_gives_a_lone_layer_a_second_server_goes_whatever_t
     # A lone layer the mover serves now is no layer the move gives a second server: it does not count.
     counts[5], counts[3] = 2, 1
     assert not strength_move_pays(others, 12, LayerRange(0, 4), LayerRange(2, 6), 32.0, counts, flow_now)
+
+
+def test_the_whole_check_gates_periodic_strength_moves_and_falls_back_to_a_flow_move() -> None:
+    held = _swarm(*SMALL)  # a's strength move leaves the max flow where it was (first test)
+    check = balance_check(held, "a", since_last_move_s=None, periodic=True)
+    assert check.held == LayerRange(4, 8)
+    assert check.target == flow_move(held, "a", since_last_move_s=None)
+    assert check.kind is (MoveKind.STAY if check.target is None else MoveKind.FLOW)
+    # A reaction to a hole is not gated; a peer that just moved makes no flow move.
+    assert balance_check(held, "a", since_last_move_s=None, periodic=False) == BalanceDecision(
+        MoveKind.STRENGTH, LayerRange(4, 8))
+    assert balance_check(held, "a", since_last_move_s=60.0, periodic=True) == BalanceDecision(
+        MoveKind.STAY, None, LayerRange(4, 8))
+    # The move that raises the flow goes at a periodic check too.
+    assert balance_check(_swarm(), "a", since_last_move_s=None, periodic=True) == BalanceDecision(
+        MoveKind.STRENGTH, LayerRange(4, 8))
