@@ -19,6 +19,8 @@ from swarm.types import LayerRange, SwarmView
 
 
 class MoveKind(Enum):
+    """Which rule chose a balance check's move (the balancer logs flow moves, and forces one in tests)."""
+
     STAY = "stay"
     STRENGTH = "strength"  # should_move's target (gated at a periodic check)
     FLOW = "flow"  # flow_move's target
@@ -26,6 +28,8 @@ class MoveKind(Enum):
 
 @dataclass(frozen=True)
 class BalanceDecision:
+    """balance_check's answer."""
+
     kind: MoveKind
     target: LayerRange | None  # where to move (None: stay)
     held: LayerRange | None = None  # a strength move the gate held back: it would not pay for its reload
