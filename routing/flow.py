@@ -17,8 +17,8 @@ so compute, not bandwidth, limits a swarm of home GPUs; latency shows up in rout
 Each peer's layers are one interval, so the bipartite graph is convex and feasibility is
 decided exactly by a greedy (Glover's rule): walk the layers in order and feed each one
 from the peers whose intervals end soonest. A search on F over that greedy (secant steps from
-above, max_flow_of) gives the maximum to a relative 1e-9 in O(rounds x peers log peers), 5-10
-rounds on a simulated swarm's placement.
+above, max_flow_of) gives the maximum to a relative 1e-9 in O(rounds x peers log peers), 6-10
+rounds on a 1,000-2,000-peer swarm's placement.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ RELATIVE_TOLERANCE = 1e-9
 # rounds to 0.1% instead of ~35; the secant search meets the max flow in about as many either way),
 # and probing 0.2% above still fails at the binding layer.
 BOTTLENECK_TOLERANCE = 1e-3
-# max_flow_of's search takes 5-10 rounds; this bound (half of it secant steps at most, then pure
+# max_flow_of's search takes 6-10 rounds; this bound (half of it secant steps at most, then pure
 # bisection, which halves the bracket each round) only guards against float noise.
 MAX_SEARCH_ROUNDS = 200
 # ... and starts this far above the flow of every peer spreading evenly (a feasible flow, typically
@@ -178,8 +178,9 @@ def max_flow_of(placement: list[tuple[LayerRange, float]], num_layers: int,
     through two flows above the max flow then meets 0 at or above it, and on the last linear piece
     exactly at it. It starts just above the even spread's flow (FIRST_STEP), where the pieces are
     few: 6-10 greedy passes on a 1,000-2,000-peer placement instead of a bisection's 30-40 (at 1e-9),
-    5x faster (3x at 1e-3). A secant step that does not halve the shortfall is followed by a bisection
-    round, and after MAX_SEARCH_ROUNDS / 2 rounds only bisection rounds follow, so it always ends.
+    4-7x faster (about 2x at 1e-3, where the bisection stopped sooner). A secant step that does not
+    halve the shortfall is followed by a bisection round, and after MAX_SEARCH_ROUNDS / 2 rounds only
+    bisection rounds follow, so it always ends.
     """
     if num_layers <= 0:
         raise ValueError(f"a model has at least one layer, got {num_layers}")

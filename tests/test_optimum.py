@@ -73,11 +73,11 @@ def test_max_flow_matches_a_general_lp_solver_on_random_placements() -> None:
 def test_the_secant_search_is_feasible_and_within_its_tolerance_of_a_plain_bisection(tolerance: float) -> None:
     """max_flow_of steps down from above along the greedy's shortfall; a plain bisection on feasible()
     (the search before) run to float precision is the reference: the answer is feasible and at most `tolerance` under it,
-    on small random swarms and on larger ones balanced as a simulated swarm is (where the search starts
-    just above the even spread's flow)."""
+    on small random swarms and on 500-layer ones of 200 consecutive windows (where the search starts just
+    above the even spread's flow and takes its secant steps)."""
     rng = random.Random(1)
     cases = [(n, random_placement(rng, n, rng.randint(1, 30))) for n in (rng.randint(1, 40) for _ in range(300))]
-    for _ in range(5):  # 200 peers on 500 layers, windows of 4-24 staggered as joins place them
+    for _ in range(5):  # 200 peers on 500 layers: windows of 4-24 laid end to end, wrapping
         spans = [rng.choice((4, 8, 12, 16, 24)) for _ in range(200)]
         starts = itertools.accumulate([0, *spans[:-1]])
         cases.append((500, [(LayerRange(st % 477, st % 477 + k), k * rng.uniform(0.5, 3.0))
