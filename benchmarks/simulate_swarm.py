@@ -24,7 +24,8 @@ counts but keeps serving until every layer it holds has another ONLINE server or
 Joins are flow-aware (routing.choose_layers): the window holds the max flow's bottleneck layer.
 Joins and moves are tiered as in routing.balance: a peer weighs only the peers holding at
 least as many layers as it does (per-size arrays here), and staggered: windows are also ranked by
-the throughput crossing their inner boundaries (routing.balance; --no-stagger: they abut, the rule before).
+the throughput crossing their inner boundaries, weighed most in their middle (routing.balance.stagger_weights;
+--no-stagger: they abut, the rule before the nineteenth session).
 --warmup-hours runs the swarm before measuring, so the numbers describe its steady state rather
 than its first placement. --trace FILE writes the served max flow at every change of the measured
 hours with the event that caused it (benchmarks/sim_trace.py); benchmarks/sim_dips.py splits the time

@@ -11,7 +11,7 @@ Only `swarm.types` is imported from the rest of the project.
 - balance.py choose_layers (flow-aware), should_move (array-level forms: choose_window,
              plan_move): which layers a peer should serve (sole-served layers discounted
              unless a standby guards them; windows staggered: window_total counts the
-             throughput crossing their inner boundaries).
+             throughput crossing their inner boundaries, most in the middle, stagger_weights).
 - layer_view.py layer_throughput, crossing_throughput, layer_counts, layer_servers, staying_throughput,
              guarded_layers, balanced_placement: what each layer holds, as balancing, moves and
              drains count it.

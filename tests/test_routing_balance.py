@@ -30,7 +30,7 @@ from routing import (
     thin_without,
     urgent_layers,
 )
-from routing.balance import STAGGER_WEIGHT, window_total
+from routing.balance import STAGGER_WEIGHT, stagger_weights, window_total
 from routing.flow import bottleneck_layer, max_flow_throughput, peer_capacities
 from routing.layer_view import crossing_throughput, guarded_layers
 from swarm.types import LayerRange, PeerRecord, PeerState
@@ -308,8 +308,14 @@ def test_staggered_windows_straddle_the_boundaries_few_windows_cross() -> None:
     assert crossing[4] == crossing[8] == 0.0 and crossing[5] == 10.0
     assert choose_window(thr, 4, counts) == LayerRange(4, 8)
     # Counting the throughput crossing each window's inner boundaries, the windows straddling 8
-    # (crossed by nobody) win over 4:8 (crossed by b at 5, 6, 7); ties: lowest start.
-    assert choose_window(thr, 4, counts, crossing=crossing) == LayerRange(5, 9) == choose_layers(v, 4)
+    # (crossed by nobody) win over 4:8 (crossed by b at 5, 6, 7); weighed by a tent, the one that puts
+    # 8 in its middle wins over those straddling it by one layer: 6:10 overlaps b and c by half each.
+    assert stagger_weights(4) == (1.0, 2.0, 1.0)
+    assert window_total(thr, 6, 4, crossing) == 40.0 + STAGGER_WEIGHT * (10.0 + 0.0 + 10.0)
+    assert window_total(thr, 5, 4, crossing) == window_total(thr, 7, 4, crossing) == 40.0 + STAGGER_WEIGHT * 30.0
+    assert choose_window(thr, 4, counts, crossing=crossing) == LayerRange(6, 10) == choose_layers(v, 4)
+    # With every boundary weighed alike, the three straddles of 8 would tie (lowest start: 5:9).
+    assert sum(crossing[6:9]) == sum(crossing[7:10]) == sum(crossing[8:11])
     # A window at either end of the model counts its layers alone: its end layers have no other
     # window that could hold them (staggered away, they would lose a server).
     ones = [1.0] * 16
@@ -322,13 +328,13 @@ def test_staggered_windows_straddle_the_boundaries_few_windows_cross() -> None:
 
 def test_a_straddle_never_leaves_a_one_server_layer_the_abutting_window_would_double() -> None:
     # b alone holds 4:8 (strength 15, the weakest); every other layer has two servers. Ranked with
-    # crossings alone, 1:5 wins (it straddles the boundary at 4, which nobody crosses), but it would
-    # give a second server to one of b's layers where 4:8 gives one to all four: the joiner takes 4:8.
+    # crossings alone, 2:6 wins (the boundary at 4, which nobody crosses, in its middle), but it would
+    # give a second server to two of b's layers where 4:8 gives one to all four: the joiner takes 4:8.
     v = view(16, rec("a", "0:4", 10.0), rec("a2", "0:4", 10.0), rec("b", "4:8", 30.0), rec("c", "8:12", 10.0),
              rec("e", "8:12", 10.0), rec("d", "12:16", 10.0), rec("d2", "12:16", 10.0))
     thr, counts, crossing = layer_throughput(v), layer_counts(v), crossing_throughput(v)
     ranked = strengths(thr, counts)
-    assert min(range(1, 5), key=lambda s: window_total(ranked, s, 4, crossing)) == 1
+    assert min(range(1, 5), key=lambda s: window_total(ranked, s, 4, crossing)) == 2
     assert choose_window(thr, 4, counts, crossing=crossing) == LayerRange(4, 8) == choose_layers(v, 4)
 
 
