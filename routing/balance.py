@@ -46,11 +46,11 @@ without it windows abut, and a stretch one large window carries beside a small o
 straddling windows leave fewer short stretches where the max flow runs dry. The boundaries are
 weighed by a tent (stagger_weights: most in the window's middle, least at its ends), so a peer puts
 the boundary it straddles at its middle and overlaps each neighbour by about half, where weighing
-them alike let a straddle by one layer rank as well (and ties fall to the lowest start). Windows
-that overlap by half can pass capacity along the chain in both directions, and the swarm carries
-more between events; a crash costs about what it did. Measured in the simulator (docs/balancing.md,
-thirty-second session): +1.1 points of sum(c) / L at 200 peers over 36 fresh seeds (better on 27),
-+2.4 / +1.5 at 1,000 peers (seeds 0 / 1). A window at either end
+them alike let a straddle by one layer rank as well (and ties fall to the lowest start). Measured
+in the simulator (docs/balancing.md, thirty-second session): +1.1 points of sum(c) / L at 200 peers
+over 36 fresh seeds (better on 27), +1.4 to +2.4 at 1,000 peers (four seeds); traced, the swarm
+carries more between events and needs fewer repairs of thin layers, while a crash costs about what
+it did (so 2,000 peers, where crashes take most of the loss, gain little). A window at either end
 of the model counts its layers alone, and in joins and strength moves a straddle never gives a
 second server to fewer unguarded one-server layers than the abutting window would
 (_no_more_exposed; a flow move must hold the bottleneck and raise the max flow, routing.flow_move).
