@@ -48,7 +48,7 @@ weighed by a tent (stagger_weights: most in the window's middle, least at its en
 the boundary it straddles at its middle and overlaps each neighbour by about half, where weighing
 them alike let a straddle by one layer rank as well (and ties fall to the lowest start). Measured
 in the simulator (docs/balancing.md, thirty-second session): +1.1 points of sum(c) / L at 200 peers
-over 36 fresh seeds (better on 27), +1.4 to +2.4 at 1,000 peers (four seeds); traced, the swarm
+over 36 fresh seeds (better on 27), +1.5 +- 0.5 at 1,000 peers (six seeds, better on 5); traced, the swarm
 carries more between events and needs fewer repairs of thin layers, while a crash costs about what
 it did (so 2,000 peers, where crashes take most of the loss, gain little). A window at either end
 of the model counts its layers alone, and in joins and strength moves a straddle never gives a

@@ -452,7 +452,7 @@ def test_windows_that_straddle_by_half_carry_more_than_those_that_straddle_by_on
     straddling it by half, and ties fall to the lowest start; the tent puts the boundary in the window's
     middle. Seeds 0-5: 89.6 / 85.3 / 86.5 / 92.4 / 92.3 / 89.5% of the bound against 87.5 / 84.9 / 87.1 /
     91.2 / 89.7 / 85.6% (+1.6 points on average, better on 5 of 6), every run covered, about as many moves.
-    At 200 peers +1.1 +- 0.3 points over 36 fresh seeds, at 1,000 +1.4 to +2.4 on four seeds
+    At 200 peers +1.1 +- 0.3 points over 36 fresh seeds, at 1,000 +1.5 +- 0.5 over six seeds
     (docs/balancing.md, thirty-second session)."""
     cfg = dict(peers=120, hours=1.0, warmup_hours=1.0, graceful=0.5, redundancy=2.0, standby_share=0.3,
                route_period_s=120, serve_by_layer=True, move_load_s_per_layer=2.0, prefetch_s=1200.0,
