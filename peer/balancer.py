@@ -149,14 +149,24 @@ def forced_flow_move() -> LayerRange | None:
 async def _watch_until(placement: Placement, due: float, decided_on: list[int]) -> SwarmView | None:
     """Sleep until `due`, re-reading the view every WATCH_PERIOD_S; return early a view with new urgent layers."""
     loop = asyncio.get_running_loop()
+    failing = False  # the last read failed: say so once per streak, not every WATCH_PERIOD_S
     while (left := due - loop.time()) > 0:
         await asyncio.sleep(min(WATCH_PERIOD_S * random.uniform(1 - JITTER, 1 + JITTER), left))
         try:
             view = await placement.fetch_view()
         except asyncio.CancelledError:
             raise
-        except Exception:
-            continue  # the regular check will retry and log
+        except Exception as exc:
+            # Silent, a DHT that stops answering would leave this peer blind to gaps until its next
+            # periodic check (minutes) with nothing in its log to say why it did not react.
+            if not failing:
+                logger.warning("reading the swarm's view failed (%s: %s); gaps are not seen until a read "
+                               "succeeds, retrying every %.0f s", type(exc).__name__, exc, WATCH_PERIOD_S)
+            failing = True
+            continue
+        if failing:
+            logger.info("reading the swarm's view works again")
+            failing = False
         urgent = urgent_layers(view)
         if urgent and urgent != decided_on and placement.peer_id() in view.records:
             mine = placement.layers()

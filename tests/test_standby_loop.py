@@ -1,8 +1,10 @@
-"""standby_loop: a standby moves to more exposed layers, but never while it serves sessions."""
+"""The balancer's loops: a standby moves to more exposed layers, but never while it serves sessions; the watch
+between balance checks says when it cannot read the swarm."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import peer.balancer as balancer
 from peer.balancer import Placement, standby_loop
 from peer.config import PeerConfig
 from shards.config import ModelConfig
-from swarm.types import LayerRange, PeerRecord, SwarmView
+from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
 
 
 def record(peer_id: str, layers: str, standby: bool = False) -> PeerRecord:
@@ -61,3 +63,42 @@ def test_a_standby_serving_sessions_stays_whatever_the_view_says(tiny_model_fact
     # Clients use a standby only where nothing else serves: its sessions say "a" and "b" are gone,
     # even while their records are still listed.
     assert run_loop(tiny_model_factory("llama", 8), open_sessions=2, monkeypatch=monkeypatch) == []
+
+
+def test_the_watch_says_once_that_reads_fail_and_still_reacts_when_they_work(
+        tiny_model_factory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A DHT that stops answering is logged once per streak (not every read), and the first good read
+    with an urgent layer still wakes the peer early."""
+    monkeypatch.setattr(balancer, "WATCH_PERIOD_S", 0.01)
+    monkeypatch.setattr(balancer, "REACT_DELAY_PER_LAYER_S", 0.0)
+    model = tiny_model_factory("llama", 8)
+    reads = 0
+    # "solo" drains: 0:4 has no ONLINE server, an urgent layer for the GPU peer "a".
+    draining = SwarmView("m", 8, {**VIEW.records, "solo": replace(record("solo", "0:4"), state=PeerState.DRAINING)})
+
+    async def fetch_view() -> SwarmView:
+        nonlocal reads
+        reads += 1
+        if reads <= 4:
+            raise ConnectionError("DHT unreachable")
+        return draining
+
+    async def migrate(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None) -> bool:
+        return True
+
+    placement = Placement(
+        config=PeerConfig(model, None, "m"), model_config=ModelConfig.from_pretrained(model),
+        fetch_view=fetch_view, peer_id=lambda: "a", visible_maddrs=lambda: [], layers=lambda: LayerRange(4, 8),
+        throughput=lambda: 1.0, migrate=migrate, open_sessions=lambda: 0,
+    )
+
+    async def watch() -> SwarmView | None:
+        loop = asyncio.get_running_loop()
+        return await balancer._watch_until(placement, loop.time() + 5.0, [])
+
+    with caplog.at_level("INFO", logger="peer.balancer"):
+        woke = asyncio.run(watch())
+    assert woke is draining and reads == 6  # 4 failed, 1 saw the urgent layers, 1 re-read after the react delay
+    failures = [r for r in caplog.records if "reading the swarm's view failed" in r.getMessage()]
+    assert len(failures) == 1 and "ConnectionError: DHT unreachable" in failures[0].getMessage()
+    assert any("works again" in r.getMessage() for r in caplog.records)
