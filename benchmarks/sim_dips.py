@@ -7,6 +7,9 @@ the event that last lowered the flow by more than DROP (a crash, a mover leaving
 reload, a drain's end), so a dip and the slow climb out of it go to what opened it. Prints:
   * the time mean, median and share of time at 0 (some layer on standbys alone);
   * per cause, the points of the mean lost below the median and how many drops it made;
+  * what crashes lost, by the crashed peer's size (its layer count), and the part of it before the crash
+    was seen (the simulator's crash watch: 1.5 s for a dead process, 6.5 s for a vanished host), which
+    no placement or refill rule can act on: only a shallower dip or a faster watch cuts it;
   * every dip that took away more than --deep of the flow: when, by what, how deep, how long until the
     flow first rose and until it was back to 95% of where it was.
 and writes the same as JSON (--json). docs/balancing.md (twenty-sixth session) has the numbers.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,8 +56,22 @@ class DipReport:
     dark_share: float  # share of the time at 0: some layer had no GPU server
     lost_by_cause: dict[str, float]  # points of the mean (flow / bound x 100) below the median, per cause
     drops_by_cause: dict[str, int]
+    crash_lost_by_size: dict[int, float]  # the "crash" points, by the crashed peer's layer count
+    crash_lost_unseen: float | None  # of the "crash" points, those lost before the crash was seen (None: not traced)
     deep_share: float  # the dips listed took at least this share of the flow
     deep: list[Dip]
+
+
+# A crash's trace detail (benchmarks/simulate_swarm.py): "peer000936 k=16 9936:9952 seen 6.5 s".
+_SIZE = re.compile(r"k=(\d+)")
+_SEEN = re.compile(r"seen ([0-9.]+) s")
+
+
+def _crash_facts(detail: str) -> tuple[int, float | None]:
+    """The crashed peer's layer count (0 if unnamed) and the seconds until the crash was seen (None in a
+    trace written before the simulator named them)."""
+    size, seen = _SIZE.search(detail), _SEEN.search(detail)
+    return (int(size.group(1)) if size else 0), (float(seen.group(1)) if seen else None)
 
 
 def _segments(points: list[TracePoint]) -> list[tuple[TracePoint, float]]:
@@ -77,16 +95,30 @@ def analyse(points: list[TracePoint], deep_share: float = DEEP_SHARE) -> DipRepo
             break
     lost: dict[str, float] = {}
     drops: dict[str, int] = {}
-    blamed = "other"
+    by_size: dict[int, float] = {}
+    unseen: float | None = 0.0
+    blamed, size, seen_at = "other", 0, 0.0
     for i, (p, d) in enumerate(segments):
         if i and p.flow < segments[i - 1][0].flow - DROP:
             blamed = p.cause
             drops[blamed] = drops.get(blamed, 0) + 1
+            if blamed == "crash":
+                size, seen = _crash_facts(p.detail)
+                if seen is None:
+                    unseen = None
+                else:
+                    seen_at = p.t + seen
         if p.flow < median:
-            lost[blamed] = lost.get(blamed, 0.0) + (median - p.flow) * d
+            below = (median - p.flow) * d
+            lost[blamed] = lost.get(blamed, 0.0) + below
+            if blamed == "crash":
+                by_size[size] = by_size.get(size, 0.0) + below
+                if unseen is not None:
+                    unseen += (median - p.flow) * min(d, max(0.0, seen_at - p.t))
     lost_points = {c: 100 * v / total for c, v in sorted(lost.items(), key=lambda kv: -kv[1])}
     return DipReport(total, mean, median, sum(d for p, d in segments if p.flow <= 0) / total,
-                     lost_points, drops, deep_share, _deep_dips(points, deep_share))
+                     lost_points, drops, {k: 100 * v / total for k, v in sorted(by_size.items())},
+                     None if unseen is None else 100 * unseen / total, deep_share, _deep_dips(points, deep_share))
 
 
 def _deep_dips(points: list[TracePoint], deep_share: float) -> list[Dip]:
@@ -114,6 +146,11 @@ def format_report(r: DipReport) -> str:
              f"{'cause':14} {'points':>7} {'drops':>6}"]
     for cause, points in r.lost_by_cause.items():
         lines.append(f"{cause:14} {points:7.2f} {r.drops_by_cause.get(cause, 0):6d}")
+    if r.crash_lost_by_size:
+        sizes = ", ".join(f"{k} layers {v:.2f}" for k, v in r.crash_lost_by_size.items())
+        unseen = "not traced" if r.crash_lost_unseen is None else f"{r.crash_lost_unseen:.2f}"
+        lines.append(f"crashes by the crashed peer's size (points): {sizes}; before the crash was seen (no rule can "
+                     f"act yet): {unseen}")
     lines.append(f"\n{len(r.deep)} dips that took {r.deep_share:.0%} of the flow or more:")
     lines.append(f"{'t (s)':>8} {'cause':13} {'before':>7} {'lowest':>7} {'first rise':>10} {'back to 95%':>11}  detail")
     for d in r.deep:

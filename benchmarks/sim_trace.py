@@ -38,7 +38,7 @@ class TracePoint:
     t: float
     flow: float  # served max flow / capacity bound (0 while some layer has no GPU server)
     cause: str  # one of CAUSES: the event since the last point that changed what is served
-    detail: str  # which peer and layers
+    detail: str  # which peer and layers (a crash: "peer000936 k=16 9936:9952 seen 6.5 s", when the watch saw it)
     bottleneck: int  # routing.flow.bottleneck_layer of the served placement; -1 at 0 flow
 
 

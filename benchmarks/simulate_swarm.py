@@ -490,8 +490,9 @@ def simulate(cfg: SimConfig) -> SimResult:
             unserve_arrived(p)
             p.arrived = []
 
-    def leave(p: SimPeer, now: float) -> None:
-        """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S) or the crash watch drops it."""
+    def leave(p: SimPeer, now: float, seen: float = 0.0) -> None:
+        """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S)
+        or, `seen` s later, the crash watch drops it."""
         served = p.served
         if p.serving is not None:
             swarm.serve(p.serving, p, -1)
@@ -508,7 +509,6 @@ def simulate(cfg: SimConfig) -> SimResult:
             expiring[p.peer_id] = p
             # The last announcement was 0-10 s ago, so the record outlives its peer by 20-30 s.
             expires = now + rng.uniform(RECORD_TTL_S * 2 / 3, RECORD_TTL_S)
-            seen = cfg.vanished_seen_s if vanish.random() < cfg.vanished_share else CRASH_SEEN_S
             if cfg.crash_watch and served is not None:
                 expires = min(expires, now + seen)
             push(expires, "expire", p.peer_id)
@@ -681,9 +681,11 @@ def simulate(cfg: SimConfig) -> SimResult:
                     push(now + THIN_GRACE_S, "drained", pid)
                     maybe_react(now, 0.0)
             else:
+                # Drawn here, not in leave(), so the trace can say it: until then no peer can react (sim_dips).
+                seen = cfg.vanished_seen_s if vanish.random() < cfg.vanished_share else CRASH_SEEN_S
                 if tracer is not None:
-                    tracer.cause("drained" if graceful else "crash", f"{pid} k={p.k} {p.served}")
-                leave(p, now)
+                    tracer.cause("drained" if graceful else "crash", f"{pid} k={p.k} {p.served} seen {seen:g} s")
+                leave(p, now, seen)
             wake_standbys(now)
         elif kind == "expire":
             swarm.place(expiring.pop(pid), -1)  # the view no longer shows it: its layers look thin

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from benchmarks.sim_dips import analyse, format_report
 from benchmarks.sim_trace import CAUSES, read_trace
-from benchmarks.simulate_swarm import SimConfig, simulate
+from benchmarks.simulate_swarm import GPU_CLASSES, SimConfig, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 # 60 peers at 2x, 30%/h churn, half of it abrupt, 30% standbys, loads by layer from disk: crashes,
@@ -40,8 +40,15 @@ def test_every_drop_of_the_flow_is_put_down_to_a_named_event(tmp_path: Path) -> 
     assert "other" not in report.drops_by_cause, report.drops_by_cause
     assert report.drops_by_cause.get("crash", 0) > 0 and report.lost_by_cause.get("crash", 0.0) > 0
     assert report.median >= report.mean  # dips pull the mean below the usual level
+    # Each crash names its peer's size and when it was seen; the crash points split by size add up, and the
+    # part before the crash was seen is a share of them (a 1.5- or 6.5-s watch against dips of many seconds).
+    crashes = [p for p in read_trace(path) if p.cause == "crash"]
+    assert crashes and all(" seen " in p.detail for p in crashes)
+    assert set(report.crash_lost_by_size) <= {k for k, _, _ in GPU_CLASSES}, report.crash_lost_by_size
+    assert abs(sum(report.crash_lost_by_size.values()) - report.lost_by_cause["crash"]) < 1e-9
+    assert report.crash_lost_unseen is not None and 0 < report.crash_lost_unseen < report.lost_by_cause["crash"]
     text = format_report(report)
-    assert "below the median" in text and "crash" in text
+    assert "below the median" in text and "crash" in text and "before the crash was seen" in text
 
 
 def test_sim_dips_names_the_fix_for_a_missing_trace(tmp_path: Path) -> None:
