@@ -209,6 +209,7 @@ class SimConfig:
     crash_watch: bool = True  # a serving peer's crash is seen after CRASH_SEEN_S, not at record expiry
     vanished_share: float = 0.5  # share of abrupt departures that are vanished hosts, seen after vanished_seen_s
     vanished_seen_s: float = VANISHED_SEEN_S
+    watch_period_s: float = WATCH_PERIOD_S  # a sensitivity: how often peers and standbys re-read the view
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
     small_first_always: bool = False  # the fastest loaders refill first even while every layer has a GPU server (the rule before)
     standby_pair_weight: float = 0.0  # routing.standby.exposure's weight of an unguarded two-server layer
@@ -391,7 +392,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         """The GPU peers' layers changed: standbys decide at their next read (one round, deduplicated)."""
         nonlocal standby_round_due
         if standbys and standby_round_due < now:
-            standby_round_due = now + standby_rng.uniform(0.0, WATCH_PERIOD_S * 1.25)
+            standby_round_due = now + standby_rng.uniform(0.0, cfg.watch_period_s * 1.25)
             push(standby_round_due, "standby_round")
 
     standby_round_due = -1.0
@@ -587,7 +588,7 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     def maybe_react(now: float, delay: float) -> None:
         if cfg.react and urgent():
-            push(now + delay + rng.uniform(0.0, WATCH_PERIOD_S * 1.25), "react")
+            push(now + delay + rng.uniform(0.0, cfg.watch_period_s * 1.25), "react")
 
     def may_leave(p: SimPeer, now: float) -> bool:
         """peer/drain.py: covered, and not thin without it unless nobody loads there after THIN_GRACE_S."""
@@ -1050,6 +1051,10 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="seconds until a vanished host's record leaves the view (6.5: the client's stall probe and the "
                          "peers' probe; 48: the client before the stall probe, 30-s step timeout and 15-s re-dial, "
                          "so the record expires first)")
+    ap.add_argument("--watch-period", type=float, default=WATCH_PERIOD_S,
+                    help="seconds between a peer's (and a standby's) reads of the view, +-25%%: how soon after a crash is "
+                         "seen, or a layer turns thin, peers react (a sensitivity: the peer's WATCH_PERIOD_S is 5; "
+                         "docs/balancing.md, thirty-third session)")
     ap.add_argument("--no-crash-watch", action="store_true",
                     help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
@@ -1065,6 +1070,8 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
+    if not a.watch_period > 0:
+        ap.error(f"--watch-period is seconds between reads of the view, > 0, got {a.watch_period}")
     if not 0 <= a.vanished_share <= 1:
         ap.error(f"--vanished-share is a share of the abrupt departures in [0, 1], got {a.vanished_share}")
     if not 0 < a.growing_share <= 1:
@@ -1089,7 +1096,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
                     mover_share_gain=a.mover_share_gain,
                     crash_watch=not a.no_crash_watch, vanished_share=a.vanished_share,
-                    vanished_seen_s=a.vanished_seen_s, standby_stays_in_use=not a.standby_moves_in_use,
+                    vanished_seen_s=a.vanished_seen_s, watch_period_s=a.watch_period, standby_stays_in_use=not a.standby_moves_in_use,
                     small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
                     react_clean_first=not a.exposing_peers_react_as_soon, serve_by_layer=a.serve_by_layer is not None,
