@@ -19,7 +19,8 @@ Balancing (docs/balancing.md):
 - simulate_swarm.py         the churning swarm, balancing itself with routing/; sim_swarm_state.py
                             its peers and per-layer arrays, sim_report.py its result and table,
                             sim_trace.py its served max flow at every change (--trace)
-- sim_dips.py               a trace's loss below its median, by the event that opened each dip
+- sim_dips.py               a trace's loss below its median, by the event that opened each dip (crashes also
+                            by the crashed peer's size, and the part before the crash was seen)
 - sim_fragility.py          how much of the max flow one crash takes, against the profile placement
 - sim_optimum.py            the optimum: a MILP for small swarms, a bracket (optimum_bracket: one-pass placements
                             climbed by window shifts below, the capped bound above) for large ones

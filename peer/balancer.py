@@ -157,8 +157,8 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # Silent, a DHT that stops answering would leave this peer blind to gaps until its next
-            # periodic check (minutes) with nothing in its log to say why it did not react.
+            # Said once: a DHT that stops answering leaves this peer blind to gaps until its next
+            # periodic check (minutes), and without this line its log would not say why it did not react.
             if not failing:
                 logger.warning("reading the swarm's view failed (%s: %s); gaps are not seen until a read "
                                "succeeds, retrying every %.0f s", type(exc).__name__, exc, WATCH_PERIOD_S)
