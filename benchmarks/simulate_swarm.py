@@ -160,6 +160,11 @@ CRASH_SEEN_S = 1.5
 # peer's own probe waits out peer/server.py PROBE_TIMEOUT_S (2 s). Before the stall probe (eighteenth
 # session) the client waited out its 30-s step timeout and a 15-s re-dial: the record expired first.
 VANISHED_SEEN_S = 6.5
+# --crash-push: the client that reports a suspect also tells a few peers, who tell a few more
+# (peer/crash_notices.py), so every peer probes and re-reads the view at once, not at its next watch
+# read: fan-out 8 reaches 2,000 peers in four hops of one round trip each (RTT_RANGE_S), plus one
+# DHT read of the view. 1 s, generously.
+CRASH_PUSH_S = 1.0
 DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are not covered
 THIN_GRACE_S = 10.0  # peer/drain.py: covered but thin, a drainer waits this long for a replacement to start loading
 
@@ -210,6 +215,7 @@ class SimConfig:
     vanished_share: float = 0.5  # share of abrupt departures that are vanished hosts, seen after vanished_seen_s
     vanished_seen_s: float = VANISHED_SEEN_S
     watch_period_s: float = WATCH_PERIOD_S  # a sensitivity: how often peers and standbys re-read the view
+    crash_push: bool = False  # a crash the watch saw reaches every peer after CRASH_PUSH_S, not at its next read
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
     small_first_always: bool = False  # the fastest loaders refill first even while every layer has a GPU server (the rule before)
     standby_pair_weight: float = 0.0  # routing.standby.exposure's weight of an unguarded two-server layer
@@ -388,14 +394,22 @@ def simulate(cfg: SimConfig) -> SimResult:
                 return False
         return True
 
-    def wake_standbys(now: float) -> None:
-        """The GPU peers' layers changed: standbys decide at their next read (one round, deduplicated)."""
+    def wake_standbys(now: float, pushed: bool = False) -> None:
+        """The GPU peers' layers changed: standbys decide at their next read (one round, deduplicated),
+        or (`pushed`: a crash notice) CRASH_PUSH_S from now if that comes sooner."""
         nonlocal standby_round_due
-        if standbys and standby_round_due < now:
+        if not standbys:
+            return
+        if pushed:
+            if not now <= standby_round_due <= now + CRASH_PUSH_S:
+                standby_round_due = now + CRASH_PUSH_S
+                push(standby_round_due, "standby_round")
+        elif standby_round_due < now:
             standby_round_due = now + standby_rng.uniform(0.0, cfg.watch_period_s * 1.25)
             push(standby_round_due, "standby_round")
 
     standby_round_due = -1.0
+    pushed_crashes: set[str] = set()  # crashed peers whose record the crash watch drops, with a notice pushed
 
     def admit(p: SimPeer, now: float, instant: bool) -> None:
         bottleneck = None
@@ -510,8 +524,10 @@ def simulate(cfg: SimConfig) -> SimResult:
             expiring[p.peer_id] = p
             # The last announcement was 0-10 s ago, so the record outlives its peer by 20-30 s.
             expires = now + rng.uniform(RECORD_TTL_S * 2 / 3, RECORD_TTL_S)
-            if cfg.crash_watch and served is not None:
-                expires = min(expires, now + seen)
+            if cfg.crash_watch and served is not None and now + seen < expires:
+                expires = now + seen
+                if cfg.crash_push:
+                    pushed_crashes.add(p.peer_id)
             push(expires, "expire", p.peer_id)
 
     tracer = FlowTrace(Path(cfg.trace)) if cfg.trace else None
@@ -586,9 +602,10 @@ def simulate(cfg: SimConfig) -> SimResult:
         """Does some layer have no staying server, or is it thin (routing.urgent_layers)?"""
         return 0 in swarm.staying_n or (cfg.thin and swarm.thin())
 
-    def maybe_react(now: float, delay: float) -> None:
+    def maybe_react(now: float, delay: float, pushed: bool = False) -> None:
+        """Peers react at their next read of the view, or (`pushed`: a crash notice) CRASH_PUSH_S from now."""
         if cfg.react and urgent():
-            push(now + delay + rng.uniform(0.0, cfg.watch_period_s * 1.25), "react")
+            push(now + delay + (CRASH_PUSH_S if pushed else rng.uniform(0.0, cfg.watch_period_s * 1.25)), "react")
 
     def may_leave(p: SimPeer, now: float) -> bool:
         """peer/drain.py: covered, and not thin without it unless nobody loads there after THIN_GRACE_S."""
@@ -690,8 +707,10 @@ def simulate(cfg: SimConfig) -> SimResult:
             wake_standbys(now)
         elif kind == "expire":
             swarm.place(expiring.pop(pid), -1)  # the view no longer shows it: its layers look thin
-            maybe_react(now, 0.0)
-            wake_standbys(now)
+            pushed = pid in pushed_crashes
+            pushed_crashes.discard(pid)
+            maybe_react(now, 0.0, pushed)
+            wake_standbys(now, pushed)
         elif kind == "drained" and p is not None and p.draining:
             if now < p.drain_deadline and not may_leave(p, now):
                 continue
@@ -1055,6 +1074,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="seconds between a peer's (and a standby's) reads of the view, +-25%%: how soon after a crash is "
                          "seen, or a layer turns thin, peers react (a sensitivity: the peer's WATCH_PERIOD_S is 5; "
                          "docs/balancing.md, thirty-third session)")
+    ap.add_argument("--crash-push", action="store_true",
+                    help="a crash the watch saw reaches every peer and standby after CRASH_PUSH_S = 1 s (crash notices, "
+                         "peer/crash_notices.py), not at its next read of the view")
     ap.add_argument("--no-crash-watch", action="store_true",
                     help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
@@ -1096,7 +1118,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
                     mover_share_gain=a.mover_share_gain,
                     crash_watch=not a.no_crash_watch, vanished_share=a.vanished_share,
-                    vanished_seen_s=a.vanished_seen_s, watch_period_s=a.watch_period, standby_stays_in_use=not a.standby_moves_in_use,
+                    vanished_seen_s=a.vanished_seen_s, watch_period_s=a.watch_period, crash_push=a.crash_push,
+                    standby_stays_in_use=not a.standby_moves_in_use,
                     small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
                     react_clean_first=not a.exposing_peers_react_as_soon, serve_by_layer=a.serve_by_layer is not None,

@@ -21,7 +21,8 @@ from swarm.codec import Limits
 from swarm.connection import PeerStream, answers, open_stream
 from swarm.dht import SwarmNode
 from swarm.errors import PeerUnreachable
-from swarm.schema import Info, InfoReply, parse_reply
+from swarm.notices import notice_recipients, tell
+from swarm.schema import CrashNotice, Info, InfoReply, parse_reply
 from swarm.types import Route, SwarmView
 
 logger = logging.getLogger(__name__)
@@ -139,12 +140,21 @@ class SwarmClient:
             self._unreachable(peer_id, announced)
 
     async def _report_unreachable(self, peer_id: str, announced: float) -> None:
-        """Suspect `peer_id` on the DHT: self-placing peers probe it and, if it is gone, take over its
-        layers before its record expires (peer/crash_watch.py)."""
+        """Tell a few peers at once that `peer_id` does not answer (they tell more: swarm/notices.py), and
+        suspect it on the DHT: self-placing peers probe it and, if it is gone, take over its layers
+        before its record expires (peer/crash_watch.py)."""
+        self._beside(self._tell_peers(peer_id, announced))  # at once, beside the DHT store
         try:
             await self.node.report_unreachable_async(self.model_name, peer_id, announced)
         except Exception as e:
             logger.info("could not report peer %s as unreachable: %s", peer_id, e)
+
+    async def _tell_peers(self, peer_id: str, announced: float) -> None:
+        if self._view is None:
+            return
+        recipients = notice_recipients(self._view, peer_id, (), self.route_rng)
+        told = await tell(self.p2p, recipients, CrashNotice(peer_id, announced), self.limits, self.swarm_key)
+        logger.info("told %d of %d peers that %s does not answer", told, len(recipients), peer_id)
 
     def _beside(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` on the client's loop without delaying the failover (kept referenced until done)."""

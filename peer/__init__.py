@@ -7,7 +7,8 @@
   serving each layer as it arrives.
 - `engine.py`: `ServingEngine`, the served model state (shard, KV cache, page outputs, CUDA graphs)
   and its one `run_batch` (decode-only batches on CUDA replay graphs; the rest runs eagerly).
-- `handler.py`: the `layerswarm/v1` stream protocol (info, forward, open, step, push, truncate, close).
+- `handler.py`: the `layerswarm/v1` stream protocol (info, forward, open, step, push, truncate, close,
+  view, crash_notice).
 - `sessions.py`: peer-side sessions and their KV page tables; session limits and admission.
 - `prefix_cache.py`, `page_outputs.py`: prefix sharing (page hashes, LRU of cached pages, stored outputs).
 - `rate_limit.py`: steps per second per client.
@@ -21,6 +22,8 @@
   (bounded, cached DHT reads).
 - `crash_watch.py`: `CrashWatch`: the view balancing and draining decide on, less the peers clients
   reported unreachable and that fail our own probe (a crash seen in seconds, not at record expiry).
+- `crash_notices.py`: `CrashNotices`: a client's or peer's notice of a crash wakes the watch at once and
+  is passed on to a few more peers (rate limited; every peer still probes for itself).
 - `drain.py`: graceful departure: after announcing DRAINING, wait until other peers cover our layers.
 - `drain_cli.py`: `swarm-peer drain --pid`: signal a running peer to leave gracefully, wait until it exits.
 - `cli.py`: the `swarm-peer` command (`dht`, `serve`, `keygen`, `generate`, `quantize`, `drain`).

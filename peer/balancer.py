@@ -13,7 +13,7 @@ import logging
 import os
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from peer.config import DTYPES, PeerConfig
 from peer.memory import layers_that_fit
@@ -37,16 +37,17 @@ logger = logging.getLogger(__name__)
 # Each wait is the period times a factor in [1 - JITTER, 1 + JITTER], so peers that started
 # together do not all re-read the swarm and move at the same moment (herding onto one gap).
 JITTER = 0.25
-# Between balance checks the view is re-read this often: a layer left without an ONLINE server
-# (its only server is draining, or vanished), or left thin (routing.thin_layers: a departure
-# halved it), is seen within seconds and decided on at once, not at the next period. A
-# draining peer waits for exactly this (peer/drain.py).
-WATCH_PERIOD_S = 5.0
 # On seeing such layers a peer waits, then decides on a fresh view (react_delay): peers decide one
 # size after another, each step this long per layer of difference, and announce their moves
 # (peer/server.py migrate), so the next size sees the layers taken. 0.5 s: a DHT announcement is
 # visible to others well within one step (4 vs 8 layers).
 REACT_DELAY_PER_LAYER_S = 0.5
+# A move that stepped back because another peer leaves the same layers at the same moment looks
+# again after a random wait in this range (seconds), not at the next read of the view. Peers of
+# one size woken by the same crash notice (peer/crash_notices.py) decide within milliseconds of
+# each other: each sees the other leaving and both step back. At random times one goes first and
+# the other then sees its layers taken (the confirmation takes 1 s: peer/moves.py MOVE_CONFIRM_S).
+STEP_BACK_RETRY_S = (1.0, 4.0)
 # TEST ONLY: "START:END" makes a self-placing peer's first balance check that finds no strength
 # move, while its layers have other servers, take that range as its flow move, whatever the
 # measured throughputs say. A CPU test of tiny models cannot steer routing.flow_move's choice,
@@ -70,6 +71,8 @@ class Placement:
     # (target, load order or None, the view it was decided on) -> False when it stepped back (Moves.migrate)
     migrate: Callable[[LayerRange, Sequence[int] | None, SwarmView | None], Awaitable[bool]]
     open_sessions: Callable[[], int]  # sessions open here now (a standby that has any is in use: it stays)
+    # Set by a crash notice (peer/crash_notices.py): the watch reads the view now, not at its next period.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 async def choose_initial_layers(placement: Placement) -> tuple[LayerRange, list[int]]:
@@ -129,7 +132,8 @@ async def balance_loop(placement: Placement) -> None:
                 if await placement.migrate(target, move_load_order(view, placement.peer_id(), target), view):
                     last_move = loop.time()
                 else:
-                    decided_on = []  # stepped back (a peer leaving the same layers, a gap since): look again at the next read
+                    decided_on = []  # stepped back (a peer leaving the same layers, a gap since): look again soon
+                    loop.call_later(random.uniform(*STEP_BACK_RETRY_S), placement.wake.set)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -146,12 +150,27 @@ def forced_flow_move() -> LayerRange | None:
     return target
 
 
+async def _sleep_or_wake(placement: Placement, seconds: float) -> None:
+    """Sleep `seconds`, or less when a crash notice sets `placement.wake`."""
+    try:
+        await asyncio.wait_for(placement.wake.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass
+    placement.wake.clear()
+
+
+def _watch_wait(placement: Placement) -> float:
+    return placement.config.watch_period * random.uniform(1 - JITTER, 1 + JITTER)
+
+
 async def _watch_until(placement: Placement, due: float, decided_on: list[int]) -> SwarmView | None:
-    """Sleep until `due`, re-reading the view every WATCH_PERIOD_S; return early a view with new urgent layers."""
+    """Sleep until `due`, re-reading the view every watch period (or when a crash notice wakes us);
+    return early a view with new urgent layers."""
     loop = asyncio.get_running_loop()
-    failing = False  # the last read failed: say so once per streak, not every WATCH_PERIOD_S
+    period = placement.config.watch_period
+    failing = False  # the last read failed: say so once per streak, not every watch period
     while (left := due - loop.time()) > 0:
-        await asyncio.sleep(min(WATCH_PERIOD_S * random.uniform(1 - JITTER, 1 + JITTER), left))
+        await _sleep_or_wake(placement, min(_watch_wait(placement), left))
         try:
             view = await placement.fetch_view()
         except asyncio.CancelledError:
@@ -161,7 +180,7 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
             # periodic check (minutes), and without this line its log would not say why it did not react.
             if not failing:
                 logger.warning("reading the swarm's view failed (%s: %s); gaps are not seen until a read "
-                               "succeeds, retrying every %.0f s", type(exc).__name__, exc, WATCH_PERIOD_S)
+                               "succeeds, retrying every %.0f s", type(exc).__name__, exc, period)
             failing = True
             continue
         if failing:
@@ -210,7 +229,7 @@ def react_delay(view: SwarmView, my_layers: int, exposes: bool = False) -> float
 
 
 async def standby_loop(placement: Placement) -> None:
-    """A standby re-reads the view every WATCH_PERIOD_S and moves to where more layers are one crash
+    """A standby re-reads the view every watch period (sooner on a crash notice) and moves to where more layers are one crash
     from dark (routing.standby_layers): sole servers change with every departure and move.
 
     Never while it serves sessions: clients use a standby only where nothing else serves, so a
@@ -218,7 +237,7 @@ async def standby_loop(placement: Placement) -> None:
     peer's record stays listed for seconds, up to its TTL, and would let the standby leave).
     """
     while True:
-        await asyncio.sleep(WATCH_PERIOD_S * random.uniform(1 - JITTER, 1 + JITTER))
+        await _sleep_or_wake(placement, _watch_wait(placement))
         mine = placement.layers()
         try:
             view = await placement.fetch_view()

@@ -26,7 +26,7 @@ from peer.cli_checks import (
     load_swarm_key,
     resolve_checked,
 )
-from peer.config import FaultyOutputs, PeerConfig, ServingLimits
+from peer.config import WATCH_PERIOD_S, FaultyOutputs, PeerConfig, ServingLimits
 from peer.drain_cli import drain
 from peer.quantize_cli import checkpoint_quant, quantize
 from routing.flow_move import (
@@ -223,6 +223,7 @@ def serve(
     layers: Annotated[str | None, typer.Option("--layers", help="Serve exactly these layers, half-open START:END (e.g. 0:15), and never move.")] = None,
     num_layers: Annotated[int | None, typer.Option("--num-layers", help="Serve this many layers where the swarm is weakest, and move when a gap opens. Default (no --layers either): as many as fit in memory.")] = None,
     balance_period: Annotated[float, typer.Option(help="Seconds between checks whether moving would help the swarm (randomised +-25%).")] = 120.0,
+    watch_period: Annotated[float, typer.Option(help=f"Seconds between a self-placing peer's (or standby's) reads of the swarm between balance checks (randomised +-25%), to take over at once layers a departure leaves without a server or thin. Crash notices from clients and other peers wake it sooner, so a longer period mostly saves DHT reads (drains and moves are still seen only at a read). Default {WATCH_PERIOD_S:g}.")] = WATCH_PERIOD_S,
     balance_quality: Annotated[float, typer.Option(help=f"Move only if the weakest layers a move touches grow by more than 1/quality; at a periodic check (not a reaction to a departure's hole) only if the move also gives a layer with one server a second or raises the swarm's max flow by {GATE_MARGIN:.1%} (routing/move_gate.py). Besides, at most every {FLOW_MOVE_COOLDOWN_S / 60:.0f} minutes, a peer moves where the swarm's max flow runs dry when that cuts by {SHORTFALL_CUT:.0%} what the swarm lacks for a rise of {MOVER_SHARE_GAIN:g}x the peer's share of the swarm's capacity, within {FLOW_MOVE_GAIN_FLOOR:.2%}-{FLOW_MOVE_GAIN:.0%} (routing/flow_move.py).")] = 0.75,
     move_mode: Annotated[str, typer.Option(help="How a move loads its new layers: beside (keep serving the old ones meanwhile; needs memory for both), in-place (free the old ones first), or auto (beside when free memory holds the new ones).")] = "auto",
     prefetch: Annotated[bool, typer.Option(help="For a Hub --model on a self-placing peer (or standby): once serving, download every layer's weight files into the HF cache in the background, when its disk has 1.5x the checkpoint's size free, so later moves load from disk instead of the network (a move's load is a window in which the swarm is weaker). Off: each move downloads its own layers.")] = True,
@@ -283,6 +284,8 @@ def serve(
                                  param_hint="--standby")
     if num_layers is not None and num_layers < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--num-layers")
+    if not watch_period > 0:
+        raise typer.BadParameter("must be > 0 seconds", param_hint="--watch-period")
     if not 0 < balance_quality <= 1:
         raise typer.BadParameter("must be in (0, 1]", param_hint="--balance-quality")
     if move_mode not in ("auto", "beside", "in-place"):
@@ -316,6 +319,7 @@ def serve(
         layers=layer_range,
         num_layers=num_layers,
         balance_period=balance_period,
+        watch_period=watch_period,
         balance_quality=balance_quality,
         move_mode=move_mode,
         standby=standby,

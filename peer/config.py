@@ -17,6 +17,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # cores a peer decoding beside a streaming standby kept 24-33% of its speed at torch's default in both
 # and 70-96% at 1 or 4 threads each, and alone it ran as fast at 1 thread as at 16 (docs/performance.md).
 GPU_PEER_THREADS = 4
+# Between balance checks a self-placing peer (or standby) re-reads the view this often (+-25%,
+# peer/balancer.py): a layer left without an ONLINE server (its only server is draining, or
+# vanished), or left thin (routing.thin_layers: a departure halved it), is seen within seconds and
+# decided on at once, not at the next period. A draining peer waits for exactly this (peer/drain.py).
+# A crash notice (peer/crash_notices.py) wakes the watch sooner. --watch-period sets it per peer.
+WATCH_PERIOD_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ class PeerConfig:
     num_threads: int = 0  # torch intra-op threads; 0: GPU_PEER_THREADS on CUDA, torch's default on a CPU (cpu_threads)
     cuda_graphs: bool = True  # decode-only batches on CUDA replay captured graphs (--no-cuda-graphs: eager)
     balance_period: float = 120.0  # seconds between re-reads of the swarm (randomised +-25%)
+    watch_period: float = WATCH_PERIOD_S  # ... and between its reads for gaps in between (peer/balancer.py)
     balance_quality: float = 0.75  # move only if the bottleneck grows by more than 1/quality
     # How a move loads its new range: "beside" the old one (serving on; needs memory for both),
     # "in-place" (free the old range first), or "auto" (beside when free memory holds it).

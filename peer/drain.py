@@ -29,10 +29,10 @@ logger = logging.getLogger(__name__)
 POLL_S = 1.0
 # A peer that could take over may announce only once its new layers are loaded, so "no
 # taker now" is trusted only after it held this long: longer than a few DHT polls and the
-# other peers' reaction time (peer/balancer.py WATCH_PERIOD_S), short enough that stopping a
+# other peers' reaction time (peer/config.py WATCH_PERIOD_S), short enough that stopping a
 # lone peer still feels immediate.
 NO_TAKER_GRACE_S = 3.0
-# Covered but thin: others see the layers thin at their next read of the view (peer/balancer.py
+# Covered but thin: others see the layers thin at their next read of the view (peer/config.py
 # WATCH_PERIOD_S, 5 s +-25%); the layers being served, the largest peers decide first and announce
 # their move after 0.5 s per layer they hold fewer than the largest (react_delay); 10 s covers the
 # peers up to 8 layers smaller than it. Staying while one loads keeps the swarm's throughput up

@@ -33,6 +33,7 @@ from swarm.errors import ConnectionClosed, ProtocolError
 from swarm.schema import (  # noqa: F401 - MAX_ROUTE_HOPS, parse_chain, parse_token_ids: imported from here by tests
     MAX_ROUTE_HOPS,
     Close,
+    CrashNotice,
     Forward,
     Open,
     Push,
@@ -65,6 +66,8 @@ class StreamHandler:
     forward_priority = 1  # scheduling priority of stateless forwards (steps: 0); --forward-priority
     page_outputs: PageOutputs | None = None  # set by the server; None disables prefix sharing
     view: Callable[[View], Any] | None = None  # `ViewService.answer` (peer/view.py); None: no `view`
+    # `CrashNotices.receive(notice, sender)` (peer/crash_notices.py); None: notices are noted and ignored
+    crash_notice: Callable[[CrashNotice, str], bool] | None = None
 
     def __init__(
         self,
@@ -153,6 +156,11 @@ class StreamHandler:
             return {"type": m.INFO, **self.info()}
         if kind == m.VIEW and self.view is not None:
             return await self.view(View.from_wire(msg, self.limits))
+        if kind == m.CRASH_NOTICE:
+            notice = CrashNotice.from_wire(msg, self.limits)
+            if self.crash_notice is not None:
+                self.crash_notice(notice, remote)
+            return {"type": m.NOTED}
         if kind == m.FORWARD:
             return await self._forward(Forward.from_wire(msg, self.limits), remote)
         if kind == m.OPEN:

@@ -22,6 +22,7 @@ import torch
 
 from peer.balancer import Placement, balance_loop, choose_initial_layers, standby_loop
 from peer.config import DTYPES, PeerConfig
+from peer.crash_notices import CrashNotices
 from peer.crash_watch import CrashWatch
 from peer.drain import wait_until_covered
 from peer.engine import ServingEngine
@@ -45,6 +46,8 @@ from swarm.codec import Limits
 from swarm.connection import answers, stream_handler
 from swarm.dht import SwarmNode
 from swarm.messages import PROTOCOL_NAME
+from swarm.notices import tell
+from swarm.schema import CrashNotice
 from swarm.types import MAX_LOADING_ORDER, LayerRange, PeerRecord, PeerState, SwarmView
 
 logger = logging.getLogger(__name__)
@@ -82,8 +85,11 @@ class PeerServer(Moves):
         self.in_place = False  # that move freed the old layers first (announced JOINING, not moving_to)
         self.engine: ServingEngine | None = None  # None only while moving in place
         self.limits = Limits(config.limits.max_frame_bytes, config.limits.max_tensor_elements)
+        # A crash notice wakes the balancer's watch (Placement.wake) and is passed on (peer/crash_notices.py).
+        self.wake = asyncio.Event()
+        self.crash_notices = CrashNotices(self._tell, lambda: self.peer_id, self.wake)
         self.crash_watch = CrashWatch(lambda: self.node.fetch_suspects_async(config.model_name), self._probe,
-                                      lambda: self.peer_id)
+                                      lambda: self.peer_id, self.crash_notices.suspects, self.crash_notices.confirmed)
         # Announcements are stored one at a time, in the order their records were built (_store_record).
         self._store_lock = threading.Lock()
         self._records_built = 0
@@ -150,6 +156,7 @@ class PeerServer(Moves):
         self.handler.forward_priority = cfg.forward_priority
         self.handler.page_outputs = self.engine.page_outputs if self.engine is not None else None
         self.handler.view = ViewService(self.node.fetch_signed_view_async, cfg.model_name).answer
+        self.handler.crash_notice = self.crash_notices.receive
         await self.p2p.add_binary_stream_handler(PROTOCOL_NAME, stream_handler(self.handler.serve, self.limits))
 
     def _start_announcing(self) -> None:
@@ -214,16 +221,21 @@ class PeerServer(Moves):
             throughput=lambda: self.throughput,
             migrate=self.migrate,
             open_sessions=lambda: len(self.registry.sessions),  # read only once serving (the balance loops)
+            wake=self.wake,
         )
 
     async def _balancing_view(self) -> SwarmView:
         """The view balancing and draining decide on: the DHT's, less the records of peers that
         clients reported unreachable and that do not answer us either (peer/crash_watch.py)."""
         view = await self.node.fetch_view_async(self.config.model_name, self.model_config.num_layers)
+        self.crash_notices.note_view(view)  # whom to tell of a crash, and which announcements are current
         return await self.crash_watch.screen(view)
 
     async def _probe(self, peer_id: str) -> bool:
         return await answers(self.p2p, peer_id, self.limits, self.swarm_key, PROBE_TIMEOUT_S)
+
+    async def _tell(self, recipients: list[str], notice: CrashNotice) -> int:
+        return await tell(self.p2p, recipients, notice, self.limits, self.swarm_key)
 
     async def _build_engine(
         self, layers: LayerRange, order: Sequence[int] | None = None,
@@ -337,6 +349,7 @@ class PeerServer(Moves):
                 **self.scheduler.stats(),  # batches_run, tokens_run, sequences_run, busy_seconds, ...
                 **self.registry.stats(),  # free / evictable / used pages, prefix hits
                 "pushes": self.push_links.pushes,
+                "crash_notices_dropped": self.crash_notices.dropped,  # over the rate limit (a flood?)
                 "uptime": round(time.time() - self.started, 1),
                 "migrations": self.migrations,
                 "graph_batches": self.engine.steps["graph"] if self.engine is not None else 0,

@@ -10,6 +10,7 @@ Files and the concept each one owns:
   connection.py  PeerStream (send / recv / request / close), open_stream, answers (a liveness probe),
                  serve_stream, stream_handler
                  (per-remote stream cap and frame buffer), require_auth (small first frame)
+  notices.py     crash notices on the wire: notice_recipients (FANOUT random peers of a view), tell (send them)
   dht.py         SwarmNode: hivemind.DHT wrapper — announce, fetch_view (+ signed values), list_models, reports
   identity.py    the node's libp2p RSA key: identity files (mode checked), peer id of a public key
   records.py     signed records: owned subkeys, RSA signature + max-TTL validators, owner_of,

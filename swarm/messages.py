@@ -26,6 +26,8 @@ CLOSE = "close"
 VIEW = "view"  # the records a peer sees for a model (peer/view.py); the reply has the same type
 # peer -> peer
 PUSH = "push"
+# client or peer -> peer: "this peer does not answer me" (peer/crash_notices.py); replied to with NOTED
+CRASH_NOTICE = "crash_notice"
 # replies
 RESULT = "result"
 OPENED = "opened"
@@ -33,10 +35,11 @@ AUTH = "auth"  # first message on a stream into a private swarm's peer (swarm/au
 AUTHORIZED = "authorized"
 TRUNCATED = "truncated"
 CLOSED = "closed"
+NOTED = "noted"
 ERROR = "error"
 
-REQUEST_TYPES = frozenset({INFO, FORWARD, OPEN, STEP, TRUNCATE, CLOSE, PUSH, AUTH, VIEW})
-REPLY_TYPES = frozenset({INFO, RESULT, OPENED, TRUNCATED, CLOSED, ERROR, AUTHORIZED, VIEW})
+REQUEST_TYPES = frozenset({INFO, FORWARD, OPEN, STEP, TRUNCATE, CLOSE, PUSH, AUTH, VIEW, CRASH_NOTICE})
+REPLY_TYPES = frozenset({INFO, RESULT, OPENED, TRUNCATED, CLOSED, ERROR, AUTHORIZED, VIEW, NOTED})
 
 # Error codes carried by `error` frames. Retryable means "the same request may succeed
 # later or elsewhere" (a client should fail over); the others mean "the request is wrong".

@@ -254,6 +254,25 @@ class Auth(Message):
         return cls(proof)
 
 
+@dataclass(frozen=True)
+class CrashNotice(Message):
+    """`peer_id`, as announced at `announced` (its record's `updated`), does not answer the sender.
+
+    A claim, never a verdict: the receiver probes the peer itself before balancing without it
+    (peer/crash_notices.py, peer/crash_watch.py)."""
+
+    TYPE: ClassVar[str] = m.CRASH_NOTICE
+    peer_id: str
+    announced: float
+
+    @classmethod
+    def from_wire(cls, msg: dict[str, Any], limits: Limits) -> CrashNotice:
+        announced = msg.get("announced")
+        if type(announced) not in (int, float) or not math.isfinite(announced) or announced < 0:
+            raise _bad("announced", "expected the suspect record's `updated` time, a finite number >= 0")
+        return cls(m.require_str(msg, "peer_id", max_len=MAX_ID_LEN), float(announced))
+
+
 # ---- peer -> peer ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Push(Message):
@@ -371,6 +390,11 @@ class Authorized(_NoFields):
 
 
 @dataclass(frozen=True)
+class Noted(_NoFields):
+    TYPE: ClassVar[str] = m.NOTED
+
+
+@dataclass(frozen=True)
 class Error(Message):
     TYPE: ClassVar[str] = m.ERROR
     code: str
@@ -383,9 +407,11 @@ class Error(Message):
                    m.require_bool(msg, "retryable", default=False))
 
 
-REQUESTS: dict[str, type[Message]] = {c.TYPE: c for c in (Info, Forward, Open, Step, Truncate, Close, View, Auth, Push)}
+REQUESTS: dict[str, type[Message]] = {
+    c.TYPE: c for c in (Info, Forward, Open, Step, Truncate, Close, View, Auth, Push, CrashNotice)
+}
 REPLIES: dict[str, type[Message]] = {
-    c.TYPE: c for c in (InfoReply, Opened, Result, Truncated, Closed, Authorized, Error, ViewReply)
+    c.TYPE: c for c in (InfoReply, Opened, Result, Truncated, Closed, Authorized, Error, ViewReply, Noted)
 }
 
 

@@ -28,11 +28,11 @@ def served_ranges(node: SwarmNode, model: str) -> dict[str, LayerRange]:
 
 
 @contextmanager
-def spread_swarm(local_swarm: LocalSwarm, model_path: Path, period: str, ttl: str
+def spread_swarm(local_swarm: LocalSwarm, model_path: Path, period: str, ttl: str, *extra: str
                  ) -> Iterator[tuple[SwarmNode, SwarmProcess, list[SwarmProcess]]]:
     """A fixed 0:10 peer and three self-placing 10-layer peers of a 30-layer model, started one after
-    another (each sees the ones before it), with `--balance-period period --announce-ttl ttl`:
-    (a DHT reader, the fixed peer, the movers)."""
+    another (each sees the ones before it), with `--balance-period period --announce-ttl ttl` and
+    `extra` options: (a DHT reader, the fixed peer, the movers)."""
     name = model_path.resolve().name
     local_swarm.start_dht()
     fixed = local_swarm.start_peer(model_path, "0:10", "--announce-ttl", ttl)
@@ -41,7 +41,7 @@ def spread_swarm(local_swarm: LocalSwarm, model_path: Path, period: str, ttl: st
         movers = []
         for count in (2, 3, 4):
             movers.append(local_swarm.start_peer(model_path, None, "--num-layers", "10", "--move-mode", "in-place",
-                                                 "--balance-period", period, "--announce-ttl", ttl))
+                                                 "--balance-period", period, "--announce-ttl", ttl, *extra))
             wait_until(lambda n=count: len(served_ranges(node, name)) == n, 20, f"{count} records", poll=0.5)
             if count == 3:  # three ranges of 10 layers: spread over every layer
                 assert set(served_ranges(node, name).values()) == {LayerRange(0, 10), LayerRange(10, 20),
@@ -122,14 +122,16 @@ def test_peers_spread_over_layers_then_close_a_gap_while_a_client_generates(
         assert "moving from" not in fixed.log_text()
 
 
-def test_a_crashed_sole_server_is_replaced_before_its_record_expires(tiny_model_factory, local_swarm: LocalSwarm) -> None:
-    """Records live 60 s (re-announced every 20 s, so a killed peer's stays listed 40-60 s) and
-    balance checks come every 10 min, so only the crash watch can act within 30 s: the client that
-    cannot dial the killed peer reports it (swarm.dht suspects), a mover probes it, fails too, and
-    takes its layers (peer/crash_watch.py). The generation still matches transformers."""
+def test_a_crashed_sole_server_is_replaced_at_once_on_a_crash_notice(tiny_model_factory, local_swarm: LocalSwarm) -> None:
+    """Records live 60 s (re-announced every 20 s, so a killed peer's stays listed 40-60 s), balance
+    checks come every 10 min and the movers read the swarm between them only every 5 min, so
+    only a crash notice can make one act within 30 s: the client that cannot dial the killed peer
+    tells the peers at once (peer/crash_notices.py), a mover probes it, fails too, and takes its
+    layers (peer/crash_watch.py). The generation still matches transformers."""
     model_path: Path = tiny_model_factory("llama", 30)
-    with spread_swarm(local_swarm, model_path, period="600", ttl="60") as (node, _, movers):
+    with spread_swarm(local_swarm, model_path, "600", "60", "--watch-period", "300") as (node, _, movers):
         victim, gap, killed_at = generate_killing_a_sole_mover(model_path, local_swarm, node, movers)
+    assert any(f"says peer {victim.peer_id} does not answer: probing it now" in m.log_text() for m in movers)
     assert any("reported unreachable and does not answer us either" in m.log_text() for m in movers)
     # When a mover began serving the gap, by its own log (same machine, same clock).
     took = [logged_at(line) - killed_at for m in movers if m is not victim for line in m.log_text().splitlines()

@@ -58,6 +58,7 @@ def in_process(capsys: pytest.CaptureFixture, *args: str) -> subprocess.Complete
         (["--revision", "v1"], ["drop --revision"]),
         (["--quant", "int3"], ["--quant", "choose none, int8 or int4"]),
         (["--move-mode", "swap"], ["--move-mode", "choose auto, beside or in-place"]),
+        (["--watch-period", "0"], ["--watch-period", "must be > 0 seconds"]),
         (["--standby", "--layers", "0:2"], ["--standby", "give --num-layers (or nothing), not --layers"]),
         (["--stream-weights"], ["--stream-weights", "add --device cuda"]),
     ],

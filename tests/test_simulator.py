@@ -264,7 +264,7 @@ def test_a_vanished_host_seen_by_the_stall_probe_costs_less_than_one_waited_out(
 
 
 def test_peers_that_read_the_view_more_often_refill_a_crash_sooner() -> None:
-    """--watch-period (a sensitivity of peer/balancer.py WATCH_PERIOD_S): peers that re-read the view
+    """--watch-period (a sensitivity of peer/config.py WATCH_PERIOD_S): peers that re-read the view
     every second react to a crash seen, and so close its gap, sooner than peers that read it every 10 s
     (seeds 0, 3, 5, 6 summed, every departure abrupt; measured 24 s per gap against 41, 30 at the peer's 5 s;
     on standbys alone 10.7% against 12.1%)."""

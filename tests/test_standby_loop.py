@@ -1,5 +1,5 @@
 """The balancer's loops: a standby moves to more exposed layers, but never while it serves sessions; the watch
-between balance checks says when it cannot read the swarm."""
+between balance checks says when it cannot read the swarm; a move that stepped back looks again within seconds."""
 
 from __future__ import annotations
 
@@ -27,9 +27,8 @@ VIEW = SwarmView("m", 8, {r.peer_id: r for r in (record("solo", "0:4"), record("
                                                   record("sb", "4:8", standby=True))})
 
 
-def run_loop(model: Path, open_sessions: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[LayerRange, list[int]]]:
+def run_loop(model: Path, open_sessions: int) -> list[tuple[LayerRange, list[int]]]:
     """Run the loop for a few watch periods of 10 ms; the targets it migrated to, with their load orders."""
-    monkeypatch.setattr(balancer, "WATCH_PERIOD_S", 0.01)
     moves: list[tuple[LayerRange, list[int]]] = []
 
     async def fetch_view() -> SwarmView:
@@ -40,7 +39,7 @@ def run_loop(model: Path, open_sessions: int, monkeypatch: pytest.MonkeyPatch) -
         return True
 
     placement = Placement(
-        config=PeerConfig(model, None, "m", standby=True), model_config=ModelConfig.from_pretrained(model),
+        config=PeerConfig(model, None, "m", standby=True, watch_period=0.01), model_config=ModelConfig.from_pretrained(model),
         fetch_view=fetch_view, peer_id=lambda: "sb", visible_maddrs=lambda: [], layers=lambda: LayerRange(4, 8),
         throughput=lambda: 1.0, migrate=migrate, open_sessions=lambda: open_sessions,
     )
@@ -53,23 +52,22 @@ def run_loop(model: Path, open_sessions: int, monkeypatch: pytest.MonkeyPatch) -
     return moves
 
 
-def test_an_idle_standby_moves_to_the_more_exposed_layers(tiny_model_factory, monkeypatch: pytest.MonkeyPatch) -> None:
-    moves = run_loop(tiny_model_factory("llama", 8), open_sessions=0, monkeypatch=monkeypatch)
+def test_an_idle_standby_moves_to_the_more_exposed_layers(tiny_model_factory) -> None:
+    moves = run_loop(tiny_model_factory("llama", 8), open_sessions=0)
     assert moves and {target for target, _ in moves} == {LayerRange(0, 4)}
     assert all(sorted(order) == [0, 1, 2, 3] for _, order in moves)  # each layer served as it arrives
 
 
-def test_a_standby_serving_sessions_stays_whatever_the_view_says(tiny_model_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_standby_serving_sessions_stays_whatever_the_view_says(tiny_model_factory) -> None:
     # Clients use a standby only where nothing else serves: its sessions say "a" and "b" are gone,
     # even while their records are still listed.
-    assert run_loop(tiny_model_factory("llama", 8), open_sessions=2, monkeypatch=monkeypatch) == []
+    assert run_loop(tiny_model_factory("llama", 8), open_sessions=2) == []
 
 
 def test_the_watch_says_once_that_reads_fail_and_still_reacts_when_they_work(
         tiny_model_factory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """A DHT that stops answering is logged once per streak (not every read), and the first good read
     with an urgent layer still wakes the peer early."""
-    monkeypatch.setattr(balancer, "WATCH_PERIOD_S", 0.01)
     monkeypatch.setattr(balancer, "REACT_DELAY_PER_LAYER_S", 0.0)
     model = tiny_model_factory("llama", 8)
     reads = 0
@@ -87,7 +85,7 @@ def test_the_watch_says_once_that_reads_fail_and_still_reacts_when_they_work(
         return True
 
     placement = Placement(
-        config=PeerConfig(model, None, "m"), model_config=ModelConfig.from_pretrained(model),
+        config=PeerConfig(model, None, "m", watch_period=0.01), model_config=ModelConfig.from_pretrained(model),
         fetch_view=fetch_view, peer_id=lambda: "a", visible_maddrs=lambda: [], layers=lambda: LayerRange(4, 8),
         throughput=lambda: 1.0, migrate=migrate, open_sessions=lambda: 0,
     )
@@ -102,3 +100,37 @@ def test_the_watch_says_once_that_reads_fail_and_still_reacts_when_they_work(
     failures = [r for r in caplog.records if "reading the swarm's view failed" in r.getMessage()]
     assert len(failures) == 1 and "ConnectionError: DHT unreachable" in failures[0].getMessage()
     assert any("works again" in r.getMessage() for r in caplog.records)
+
+
+def test_a_move_that_stepped_back_looks_again_within_seconds_not_at_the_next_read(
+        tiny_model_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two peers woken by one crash notice decide together and both step back (each sees the other leave
+    the same layers); each then looks again after a short random wait (STEP_BACK_RETRY_S), not at its next
+    read of the view (here 5 min away), so one of them goes."""
+    monkeypatch.setattr(balancer, "REACT_DELAY_PER_LAYER_S", 0.0)
+    monkeypatch.setattr(balancer, "STEP_BACK_RETRY_S", (0.05, 0.1))
+    model = tiny_model_factory("llama", 8)
+    draining = SwarmView("m", 8, {**VIEW.records, "solo": replace(record("solo", "0:4"), state=PeerState.DRAINING)})
+    attempts: list[LayerRange] = []
+
+    async def fetch_view() -> SwarmView:
+        return draining
+
+    async def migrate(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None) -> bool:
+        attempts.append(target)
+        return len(attempts) > 1  # the first attempt steps back
+
+    placement = Placement(
+        config=PeerConfig(model, None, "m", watch_period=300.0, balance_period=600.0),
+        model_config=ModelConfig.from_pretrained(model), fetch_view=fetch_view, peer_id=lambda: "a",
+        visible_maddrs=lambda: [], layers=lambda: LayerRange(4, 8), throughput=lambda: 1.0, migrate=migrate,
+        open_sessions=lambda: 0,
+    )
+
+    async def run() -> None:
+        placement.wake.set()  # a crash notice
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(balancer.balance_loop(placement), 3.0)
+
+    asyncio.run(run())
+    assert attempts[:2] == [LayerRange(0, 4), LayerRange(0, 4)]

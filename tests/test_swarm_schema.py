@@ -67,7 +67,7 @@ def test_round_trips() -> None:
         s.Info(), s.Forward(hidden, [3], (0, 2)), s.Open(64, "sess", 2, (1, 3), "peer", "t" * 16),
         s.Step(5, hidden, [2, 1], [4, 7], [[1, 2], [3]], (("p", "q", "r" * 16),), "sess"),
         s.Push("sess", "t" * 16, 5, hidden, [3], [0]), s.Truncate(4), s.Close("sess"), s.View("m"),
-        s.Auth(b"\x01" * 32),
+        s.Auth(b"\x01" * 32), s.CrashNotice("peer", 1.7e9),
     ]
     for msg in msgs:
         back = s.parse_request(wire(msg), LIMITS)
@@ -76,7 +76,7 @@ def test_round_trips() -> None:
             a, b = getattr(msg, f.name), getattr(back, f.name)
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
     for reply in [s.Opened("sess", 16), s.Result(hidden, 5), s.Result(hidden), s.Truncated(3), s.Closed("x"),
-                  s.Authorized(), s.Error("busy", "full", True), s.InfoReply({"peer_id": "x"}, {"n": 1}),
+                  s.Authorized(), s.Noted(), s.Error("busy", "full", True), s.InfoReply({"peer_id": "x"}, {"n": 1}),
                   s.ViewReply("m", 30, (SignedRecord(b"\xa3k[o", b"v[signature:x]", 1e9),), truncated=True)]:
         back = s.parse_reply(wire(reply), LIMITS, type(reply))
         assert type(back) is type(reply)
@@ -106,6 +106,11 @@ def test_unknown_fields_are_tolerated() -> None:
     ({"type": "truncate", "length": -1}, "bad_field"),
     ({"type": "close", "session_id": 5}, "bad_field"),
     ({"type": "auth", "proof": "not bytes"}, "bad_field"),
+    ({"type": "crash_notice", "announced": 1.0}, "bad_field"),
+    ({"type": "crash_notice", "peer_id": "p", "announced": float("nan")}, "bad_field"),
+    ({"type": "crash_notice", "peer_id": "p", "announced": -1.0}, "bad_field"),
+    ({"type": "crash_notice", "peer_id": "p", "announced": "1.0"}, "bad_field"),
+    ({"type": "crash_notice", "peer_id": "p", "announced": True}, "bad_field"),
 ])
 def test_bad_requests_are_refused_at_the_boundary(msg: dict, code: str) -> None:
     with pytest.raises(ProtocolError) as info:
