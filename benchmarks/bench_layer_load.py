@@ -2,12 +2,13 @@
 files are local (swarm-peer serve --prefetch), against a first fetch from the network.
 
 Writes a checkpoint of a few Llama-2-70B-shaped layers (bf16, one file per layer, 1.71 GB each), then
-times `Shard.from_pretrained`, the loader every peer uses, reading them:
+times `Shard.from_pretrained`, the loader every peer uses, reading them onto `--device` (cuda: until the
+weights are on the GPU, the copy synchronised, as a GPU peer's move loads them):
   * cold: the page cache dropped first (needs root: /proc/sys/vm/drop_caches), a read from the disk;
   * warm: the files already in the page cache (a move back to layers read recently).
 The same bytes from a network link take size / bandwidth: printed for 1 Gbit/s for comparison.
 
-    .venv/bin/python -m benchmarks.bench_layer_load --layers 2 --repeat 3
+    .venv/bin/python -m benchmarks.bench_layer_load --layers 2 --repeat 3 [--device cuda]
 """
 
 from __future__ import annotations
@@ -77,11 +78,15 @@ def drop_page_cache() -> bool:
     return True
 
 
-def timed_load(path: Path, layers: int) -> float:
+def timed_load(path: Path, layers: int, device: str) -> float:
     started = time.perf_counter()
-    shard = Shard.from_pretrained(path, 0, layers, dtype=torch.bfloat16)
+    shard = Shard.from_pretrained(path, 0, layers, dtype=torch.bfloat16, device=device)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
     del shard
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
     return elapsed
 
 
@@ -89,6 +94,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=2, help="layers written and loaded (1.71 GB each)")
     ap.add_argument("--repeat", type=int, default=3, help="timed loads per mode (the median is reported)")
+    ap.add_argument("--device", default="cpu", help="where the loaded weights go: cpu, or cuda (a GPU peer's load)")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the checkpoint (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "layer_load.json")
     a = ap.parse_args()
@@ -102,21 +108,23 @@ def main() -> None:
             if not drop_page_cache():
                 print("cannot drop the page cache (not root): cold loads skipped")
                 break
-            cold.append(timed_load(path, a.layers) / a.layers)
-        timed_load(path, a.layers)  # into the page cache
-        warm = [timed_load(path, a.layers) / a.layers for _ in range(a.repeat)]
+            cold.append(timed_load(path, a.layers, a.device) / a.layers)
+        timed_load(path, a.layers, a.device)  # into the page cache (and CUDA initialised)
+        warm = [timed_load(path, a.layers, a.device) / a.layers for _ in range(a.repeat)]
     network = size / a.layers / GBIT_BYTES_PER_S
     rows = [("disk, page cache dropped", statistics.median(cold) if cold else None),
             ("page cache (warm)", statistics.median(warm)),
             ("1 Gbit/s link (size / bandwidth)", network)]
-    print(f"\nLlama-2-70B-shaped layer, bf16, {per_layer_gb:.2f} GB; Shard.from_pretrained on the CPU, {os.cpu_count()} cores")
+    where = torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else "the CPU"
+    print(f"\nLlama-2-70B-shaped layer, bf16, {per_layer_gb:.2f} GB; Shard.from_pretrained onto {where}, "
+          f"{os.cpu_count()} cores")
     print(f"{'source':36} {'s / layer':>9} {'GB/s':>6}")
     for name, seconds in rows:
         if seconds is None:
             print(f"{name:36} {'-':>9}")
         else:
             print(f"{name:36} {seconds:9.2f} {per_layer_gb / seconds:6.2f}")
-    result = {"date": date.today().isoformat(), "machine": platform.node(), "cpus": os.cpu_count(),
+    result = {"date": date.today().isoformat(), "machine": platform.node(), "cpus": os.cpu_count(), "device": where,
               "layer_gb": per_layer_gb, "layers": a.layers, "repeat": a.repeat,
               "cold_s_per_layer": cold, "warm_s_per_layer": warm, "gbit_link_s_per_layer": network}
     a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -274,6 +274,18 @@ def test_peers_that_read_the_view_more_often_refill_a_crash_sooner() -> None:
     assert standby_often < standby_rarely, costs
 
 
+def test_crash_notices_refill_a_crash_sooner_than_the_next_read() -> None:
+    """Crash notices (peer/crash_notices.py, simulated as --crash-push): every peer and standby reacts to
+    a crash CRASH_PUSH_S after it is seen, not at its next read of the view (5 s +-25%), so gaps close
+    sooner and less time is spent on standbys alone (seeds 0, 3, 5, 6 summed, every departure abrupt;
+    measured 26.6 s per gap against 29.7, on standbys alone 11.0% against 12.7%): about the 3 s a peer
+    waited on average for its next read, less the notice's 1 s."""
+    costs = crash_costs({}, {push: dict(crash_push=push) for push in (True, False)})
+    (pushed, standby_pushed), (read, standby_read) = costs[True], costs[False]
+    assert pushed < 0.95 * read, f"mean gap {pushed:.0f} s with crash notices vs {read:.0f} s at the next read"
+    assert standby_pushed < standby_read, costs
+
+
 def crash_costs(common: dict, variants: dict, seeds: tuple[int, ...] = (0, 3, 5, 6)) -> dict:
     """Per variant (SimConfig fields), over 60-peer swarms at 2x and 30%/h churn, every departure abrupt:
     (mean seconds a gap stays open, over every gap of every seed; time on standbys alone with 30% of the
