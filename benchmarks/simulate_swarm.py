@@ -35,7 +35,8 @@ until it expires, 2/3 to 3/3 of RECORD_TTL_S later (peers re-announce every ttl 
 it was serving routes, until the crash watch drops it (peer/crash_watch.py): CRASH_SEEN_S after
 a process died, VANISHED_SEEN_S after a host vanished (--vanished-share of the abrupt departures;
 a client's failed step or unanswered stall probe, its suspect report, a peer's failed probe),
-whichever comes first; the next watch read then reacts. The swarm is taken as busy, so every serving peer carries
+whichever comes first; every peer reacts CRASH_PUSH_S later, told by crash notices
+(peer/crash_notices.py; --no-crash-push: at its next watch read, the peer before). The swarm is taken as busy, so every serving peer carries
 some session that notices its crash (--no-crash-watch: records always last until they expire).
 Reaction, timed as peer/balancer.py does: peers re-read the DHT every WATCH_PERIOD_S (+-25%)
 and decide at once (routing.urgent_layers) when some layer has no ONLINE server: a DRAINING
@@ -160,7 +161,7 @@ CRASH_SEEN_S = 1.5
 # peer's own probe waits out peer/server.py PROBE_TIMEOUT_S (2 s). Before the stall probe (eighteenth
 # session) the client waited out its 30-s step timeout and a 15-s re-dial: the record expired first.
 VANISHED_SEEN_S = 6.5
-# --crash-push: the client that reports a suspect also tells a few peers, who tell a few more
+# Crash notices: the client that reports a suspect also tells a few peers, who tell a few more
 # (peer/crash_notices.py), so every peer probes and re-reads the view at once, not at its next watch
 # read: fan-out 8 reaches 2,000 peers in four hops of one round trip each (RTT_RANGE_S), plus one
 # DHT read of the view. 1 s, generously.
@@ -215,7 +216,7 @@ class SimConfig:
     vanished_share: float = 0.5  # share of abrupt departures that are vanished hosts, seen after vanished_seen_s
     vanished_seen_s: float = VANISHED_SEEN_S
     watch_period_s: float = WATCH_PERIOD_S  # a sensitivity: how often peers and standbys re-read the view
-    crash_push: bool = False  # a crash the watch saw reaches every peer after CRASH_PUSH_S, not at its next read
+    crash_push: bool = True  # a crash the watch saw reaches every peer after CRASH_PUSH_S, not at its next read
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
     small_first_always: bool = False  # the fastest loaders refill first even while every layer has a GPU server (the rule before)
     standby_pair_weight: float = 0.0  # routing.standby.exposure's weight of an unguarded two-server layer
@@ -1074,9 +1075,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="seconds between a peer's (and a standby's) reads of the view, +-25%%: how soon after a crash is "
                          "seen, or a layer turns thin, peers react (a sensitivity: the peer's WATCH_PERIOD_S is 5; "
                          "docs/balancing.md, thirty-third session)")
-    ap.add_argument("--crash-push", action="store_true",
-                    help="a crash the watch saw reaches every peer and standby after CRASH_PUSH_S = 1 s (crash notices, "
-                         "peer/crash_notices.py), not at its next read of the view")
+    ap.add_argument("--no-crash-push", action="store_true",
+                    help="a crash the watch saw reaches each peer and standby at its next read of the view, not after "
+                         "CRASH_PUSH_S = 1 s (the peer before crash notices, peer/crash_notices.py)")
     ap.add_argument("--no-crash-watch", action="store_true",
                     help="a crashed peer's record counts until it expires (the rule before peer/crash_watch.py)")
     ap.add_argument("--no-thin", action="store_true",
@@ -1118,7 +1119,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
                     mover_share_gain=a.mover_share_gain,
                     crash_watch=not a.no_crash_watch, vanished_share=a.vanished_share,
-                    vanished_seen_s=a.vanished_seen_s, watch_period_s=a.watch_period, crash_push=a.crash_push,
+                    vanished_seen_s=a.vanished_seen_s, watch_period_s=a.watch_period, crash_push=not a.no_crash_push,
                     standby_stays_in_use=not a.standby_moves_in_use,
                     small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
