@@ -168,6 +168,11 @@ async def test_bad_input_gets_error_frames_and_peer_keeps_serving(
         await cut.close()
         unknown = await open_stream(p2p, peer, Limits())
         await expect_error(unknown, {"type": "teleport"}, "unknown_type")
+        # A crash notice is noted whatever the peer makes of it (here a fixed peer: nothing to rebalance);
+        # a malformed one is a bad_field, and the stream goes on.
+        assert (await unknown.request({"type": m.CRASH_NOTICE, "peer_id": "Qm-nobody", "announced": 1.0},
+                                      timeout=10))["type"] == m.NOTED
+        await expect_error(unknown, {"type": m.CRASH_NOTICE, "peer_id": "Qm-nobody", "announced": "soon"}, "bad_field")
         await expect_error(unknown, {"type": m.STEP, "step_id": 0, "hidden": encode_tensor(torch.zeros(1, HIDDEN)),
                                      "new_tokens": [1], "positions": [0]}, "no_session")
         await unknown.close()
