@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -175,7 +174,7 @@ def test_a_notice_wakes_the_watch_long_before_its_period(tiny_model_factory) -> 
         return True
 
     placement = Placement(
-        config=replace(PeerConfig(model, None, "m"), watch_period=60.0), model_config=ModelConfig.from_pretrained(model),
+        config=PeerConfig(model, None, "m", watch_period=60.0), model_config=ModelConfig.from_pretrained(model),
         fetch_view=fetch_view, peer_id=lambda: "me", visible_maddrs=lambda: [], layers=lambda: LayerRange(4, 8),
         throughput=lambda: 1.0, migrate=migrate, open_sessions=lambda: 0,
     )
