@@ -215,7 +215,7 @@ class SimConfig:
     crash_watch: bool = True  # a serving peer's crash is seen after CRASH_SEEN_S, not at record expiry
     vanished_share: float = 0.5  # share of abrupt departures that are vanished hosts, seen after vanished_seen_s
     vanished_seen_s: float = VANISHED_SEEN_S
-    watch_period_s: float = WATCH_PERIOD_S  # a sensitivity: how often peers and standbys re-read the view
+    watch_period_s: float = WATCH_PERIOD_S  # how often peers and standbys re-read the view (swarm-peer --watch-period)
     crash_push: bool = True  # a crash the watch saw reaches every peer after CRASH_PUSH_S, not at its next read
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
     small_first_always: bool = False  # the fastest loaders refill first even while every layer has a GPU server (the rule before)
@@ -1072,9 +1072,10 @@ def main(argv: list[str] | None = None) -> SimResult:
                          "peers' probe; 48: the client before the stall probe, 30-s step timeout and 15-s re-dial, "
                          "so the record expires first)")
     ap.add_argument("--watch-period", type=float, default=WATCH_PERIOD_S,
-                    help="seconds between a peer's (and a standby's) reads of the view, +-25%%: how soon after a crash is "
-                         "seen, or a layer turns thin, peers react (a sensitivity: the peer's WATCH_PERIOD_S is 5; "
-                         "docs/balancing.md, thirty-third session)")
+                    help="seconds between a peer's (and a standby's) reads of the view, +-25%%: how soon after a layer "
+                         "turns thin or a drainer's sole-served, or (--no-crash-push) a crash is seen, peers react (the "
+                         "peer's --watch-period, default WATCH_PERIOD_S = 5; docs/balancing.md, thirty-third and "
+                         "thirty-fourth sessions)")
     ap.add_argument("--no-crash-push", action="store_true",
                     help="a crash the watch saw reaches each peer and standby at its next read of the view, not after "
                          "CRASH_PUSH_S = 1 s (the peer before crash notices, peer/crash_notices.py)")
