@@ -21,6 +21,7 @@ from peer.cli_checks import (
     check_addresses,
     check_device,
     check_identity,
+    check_serve_options,
     click_errors,
     join_failure,
     load_swarm_key,
@@ -38,7 +39,6 @@ from routing.flow_move import (
 )
 from routing.move_gate import GATE_MARGIN
 from swarm.launcher import exit_with_launcher
-from swarm.types import LayerRange
 
 
 class _OneLineErrors(typer.Typer):
@@ -271,41 +271,13 @@ def serve(
 ) -> None:
     """Serve layers of a model to the swarm until Ctrl-C / SIGTERM (the first one drains, see --drain-timeout)."""
     setup_logging(log_level)
-    layer_range = None
-    if layers is not None and num_layers is not None:
-        raise typer.BadParameter("give either --layers (fixed) or --num-layers (self-placing), not both")
-    if layers is not None:
-        try:
-            layer_range = LayerRange.parse(layers)
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--layers") from None
-    if standby and layers is not None:
-        raise typer.BadParameter("a standby places itself where it is needed: give --num-layers (or nothing), not --layers",
-                                 param_hint="--standby")
-    if num_layers is not None and num_layers < 1:
-        raise typer.BadParameter("must be at least 1", param_hint="--num-layers")
-    if not watch_period > 0:
-        raise typer.BadParameter("must be > 0 seconds", param_hint="--watch-period")
-    if not 0 < balance_quality <= 1:
-        raise typer.BadParameter("must be in (0, 1]", param_hint="--balance-quality")
-    if move_mode not in ("auto", "beside", "in-place"):
-        raise typer.BadParameter(f"{move_mode!r}: choose auto, beside or in-place", param_hint="--move-mode")
     load_swarm_key(swarm_key)  # a bad key file is reported now, not after loading weights
     check_identity(identity)
-    if not 0 < announce_ttl <= 3600:  # the DHT refuses records that claim to live longer than an hour
-        raise typer.BadParameter("must be in (0, 3600] seconds", param_hint="--announce-ttl")
-    if quant not in ("none", "int8", "int4"):
-        raise typer.BadParameter(f"{quant!r}: choose none, int8 or int4", param_hint="--quant")
-    if quant_group_size not in (32, 64, 128):
-        raise typer.BadParameter("must be 32, 64 or 128", param_hint="--quant-group-size")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise typer.BadParameter(f"{dtype!r}: choose float32, bfloat16 or float16", param_hint="--dtype")
-    if drain_timeout < 0:
-        raise typer.BadParameter("must be 0 (no drain) or more seconds", param_hint="--drain-timeout")
-    if not 0 <= cache_fraction < 1:
-        raise typer.BadParameter("must be in [0, 1)", param_hint="--cache-fraction")
-    if not 0 < max_client_pages_fraction <= 1:
-        raise typer.BadParameter("must be in (0, 1]", param_hint="--max-client-pages-fraction")
+    layer_range = check_serve_options(
+        layers=layers, num_layers=num_layers, standby=standby, watch_period=watch_period,
+        balance_quality=balance_quality, move_mode=move_mode, announce_ttl=announce_ttl, quant=quant,
+        quant_group_size=quant_group_size, dtype=dtype, drain_timeout=drain_timeout, cache_fraction=cache_fraction,
+        max_client_pages_fraction=max_client_pages_fraction)
     addresses = check_addresses(initial_peers, host_maddrs, announce_maddrs, public_ip, port)
     check_device(device)
     if stream_weights and not device.startswith("cuda"):

@@ -107,3 +107,44 @@ def load_swarm_key(path: Path | None):
         return SwarmKey.load(path)
     except SwarmKeyError as e:
         raise typer.BadParameter(str(e), param_hint="--swarm-key") from None
+
+
+def check_serve_options(*, layers: str | None, num_layers: int | None, standby: bool, watch_period: float,
+                        balance_quality: float, move_mode: str, announce_ttl: float, quant: str, quant_group_size: int,
+                        dtype: str, drain_timeout: float, cache_fraction: float,
+                        max_client_pages_fraction: float) -> LayerRange | None:
+    """`swarm-peer serve`'s options that need no file, device or network; the fixed --layers range, if given."""
+    if layers is not None and num_layers is not None:
+        raise typer.BadParameter("give either --layers (fixed) or --num-layers (self-placing), not both")
+    layer_range = None
+    if layers is not None:
+        try:
+            layer_range = LayerRange.parse(layers)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--layers") from None
+    if standby and layers is not None:
+        raise typer.BadParameter("a standby places itself where it is needed: give --num-layers (or nothing), not --layers",
+                                 param_hint="--standby")
+    if num_layers is not None and num_layers < 1:
+        raise typer.BadParameter("must be at least 1", param_hint="--num-layers")
+    if not watch_period > 0:
+        raise typer.BadParameter("must be > 0 seconds", param_hint="--watch-period")
+    if not 0 < balance_quality <= 1:
+        raise typer.BadParameter("must be in (0, 1]", param_hint="--balance-quality")
+    if move_mode not in ("auto", "beside", "in-place"):
+        raise typer.BadParameter(f"{move_mode!r}: choose auto, beside or in-place", param_hint="--move-mode")
+    if not 0 < announce_ttl <= 3600:  # the DHT refuses records that claim to live longer than an hour
+        raise typer.BadParameter("must be in (0, 3600] seconds", param_hint="--announce-ttl")
+    if quant not in ("none", "int8", "int4"):
+        raise typer.BadParameter(f"{quant!r}: choose none, int8 or int4", param_hint="--quant")
+    if quant_group_size not in (32, 64, 128):
+        raise typer.BadParameter("must be 32, 64 or 128", param_hint="--quant-group-size")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise typer.BadParameter(f"{dtype!r}: choose float32, bfloat16 or float16", param_hint="--dtype")
+    if drain_timeout < 0:
+        raise typer.BadParameter("must be 0 (no drain) or more seconds", param_hint="--drain-timeout")
+    if not 0 <= cache_fraction < 1:
+        raise typer.BadParameter("must be in [0, 1)", param_hint="--cache-fraction")
+    if not 0 < max_client_pages_fraction <= 1:
+        raise typer.BadParameter("must be in (0, 1]", param_hint="--max-client-pages-fraction")
+    return layer_range

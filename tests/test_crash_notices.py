@@ -10,14 +10,12 @@ from pathlib import Path
 import pytest
 
 import peer.balancer as balancer
-from peer.balancer import Placement
-from peer.config import PeerConfig
 from peer.crash_notices import MAX_NEWS_PER_S, NEWS_BURST, REMEMBER_S, CrashNotices
 from peer.crash_watch import CrashWatch
-from shards.config import ModelConfig
 from swarm.notices import FANOUT, notice_recipients
 from swarm.schema import CrashNotice
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
+from tests.placements import scripted_placement
 
 
 def record(peer_id: str, layers: str = "0:4", updated: float = 10.0, state: PeerState = PeerState.ONLINE) -> PeerRecord:
@@ -170,14 +168,7 @@ def test_a_notice_wakes_the_watch_long_before_its_period(tiny_model_factory) -> 
         reads += 1
         return without_dead
 
-    async def migrate(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None) -> bool:
-        return True
-
-    placement = Placement(
-        config=PeerConfig(model, None, "m", watch_period=60.0), model_config=ModelConfig.from_pretrained(model),
-        fetch_view=fetch_view, peer_id=lambda: "me", visible_maddrs=lambda: [], layers=lambda: LayerRange(4, 8),
-        throughput=lambda: 1.0, migrate=migrate, open_sessions=lambda: 0,
-    )
+    placement = scripted_placement(model, fetch_view, peer_id="me", layers=LayerRange(4, 8), watch_period=60.0)
 
     async def watch() -> SwarmView | None:
         loop = asyncio.get_running_loop()

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 import peer.balancer as balancer
-from peer.balancer import Placement, standby_loop
-from peer.config import PeerConfig
-from shards.config import ModelConfig
+from peer.balancer import standby_loop
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
+from tests.placements import scripted_placement
 
 
 def record(peer_id: str, layers: str, standby: bool = False) -> PeerRecord:
@@ -38,11 +37,8 @@ def run_loop(model: Path, open_sessions: int) -> list[tuple[LayerRange, list[int
         moves.append((target, order))
         return True
 
-    placement = Placement(
-        config=PeerConfig(model, None, "m", standby=True, watch_period=0.01), model_config=ModelConfig.from_pretrained(model),
-        fetch_view=fetch_view, peer_id=lambda: "sb", visible_maddrs=lambda: [], layers=lambda: LayerRange(4, 8),
-        throughput=lambda: 1.0, migrate=migrate, open_sessions=lambda: open_sessions,
-    )
+    placement = scripted_placement(model, fetch_view, peer_id="sb", layers=LayerRange(4, 8), migrate=migrate,
+                                   open_sessions=open_sessions, standby=True, watch_period=0.01)
 
     async def bounded() -> None:
         with pytest.raises(asyncio.TimeoutError):
@@ -81,14 +77,7 @@ def test_the_watch_says_once_that_reads_fail_and_still_reacts_when_they_work(
             raise ConnectionError("DHT unreachable")
         return draining
 
-    async def migrate(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None) -> bool:
-        return True
-
-    placement = Placement(
-        config=PeerConfig(model, None, "m", watch_period=0.01), model_config=ModelConfig.from_pretrained(model),
-        fetch_view=fetch_view, peer_id=lambda: "a", visible_maddrs=lambda: [], layers=lambda: LayerRange(4, 8),
-        throughput=lambda: 1.0, migrate=migrate, open_sessions=lambda: 0,
-    )
+    placement = scripted_placement(model, fetch_view, peer_id="a", layers=LayerRange(4, 8), watch_period=0.01)
 
     async def watch() -> SwarmView | None:
         loop = asyncio.get_running_loop()
@@ -120,12 +109,8 @@ def test_a_move_that_stepped_back_looks_again_within_seconds_not_at_the_next_rea
         attempts.append(target)
         return len(attempts) > 1  # the first attempt steps back
 
-    placement = Placement(
-        config=PeerConfig(model, None, "m", watch_period=300.0, balance_period=600.0),
-        model_config=ModelConfig.from_pretrained(model), fetch_view=fetch_view, peer_id=lambda: "a",
-        visible_maddrs=lambda: [], layers=lambda: LayerRange(4, 8), throughput=lambda: 1.0, migrate=migrate,
-        open_sessions=lambda: 0,
-    )
+    placement = scripted_placement(model, fetch_view, peer_id="a", layers=LayerRange(4, 8), migrate=migrate,
+                                   watch_period=300.0, balance_period=600.0)
 
     async def run() -> None:
         placement.wake.set()  # a crash notice
