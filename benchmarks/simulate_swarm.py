@@ -41,7 +41,8 @@ some session that notices its crash (--no-crash-watch: records always last until
 Reaction, timed as peer/balancer.py does: peers re-read the DHT every WATCH_PERIOD_S (+-25%)
 and decide at once (routing.urgent_layers) when some layer has no ONLINE server: a DRAINING
 sole server, or a gap whose record expired. Peers wait first (peer/balancer.py react_delay):
-while some layer has no GPU server, REACT_DELAY_PER_LAYER_S per layer they hold, so the fastest
+while some layer has no GPU server, REACT_DELAY_PER_LAYER_S per layer they hold more than the
+smallest peers, plus one step (--gap-delay-per-layer-held: per layer they hold), so the fastest
 loaders move first, in parallel while gaps are left; otherwise the largest peers first, which
 refill a departed large peer's range in one move (--small-first-always: the fastest always); a
 peer whose leaving would leave one of its layers to a single server no standby guards waits one
@@ -219,6 +220,7 @@ class SimConfig:
     crash_push: bool = True  # a crash the watch saw reaches every peer after CRASH_PUSH_S, not at its next read
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
     small_first_always: bool = False  # the fastest loaders refill first even while every layer has a GPU server (the rule before)
+    gap_delay_from_smallest: bool = True  # on a gap the smallest peers wait one step, not one step per layer they hold
     standby_pair_weight: float = 0.0  # routing.standby.exposure's weight of an unguarded two-server layer
     standby_by_layer: bool = False  # a loading standby serves each layer as it arrives, the most exposed first
     standby_idle_moves: bool = False  # a standby guarding nothing moves for one exposed layer (not STANDBY_MARGIN)
@@ -740,7 +742,8 @@ def simulate(cfg: SimConfig) -> SimResult:
                 # always) the largest first: one refills a departed large peer's range in one move.
                 largest = max((q.k for q in candidates), default=0)
                 if swarm.gpu_uncovered or cfg.small_first_always:
-                    delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * q.k for q in candidates}
+                    smallest = min((q.k for q in candidates), default=0) - 1 if cfg.gap_delay_from_smallest else 0
+                    delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * (q.k - smallest) for q in candidates}
                 else:
                     delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * (largest - q.k + 1) for q in candidates}
                 if cfg.react_clean_first:  # one step later for a peer whose leaving exposes a layer
@@ -1043,6 +1046,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="a standby may move while it is some layer's last live server (the rule before)")
     ap.add_argument("--small-first-always", action="store_true",
                     help="the fewest-layer peers refill first even when every layer has a GPU server, some thin (the rule before)")
+    ap.add_argument("--gap-delay-per-layer-held", action="store_true",
+                    help="on a gap every peer waits 0.5 s per layer it holds, so the smallest wait 2 s (the rule "
+                         "before the thirty-fifth session; now they wait one step, the others a step per layer more)")
     ap.add_argument("--standby-pair-weight", type=float, default=0.0,
                     help="standbys weigh an unguarded layer two peers serve this much (a sole-served one: 1)")
     ap.add_argument("--standby-by-layer", action="store_true",
@@ -1122,7 +1128,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     crash_watch=not a.no_crash_watch, vanished_share=a.vanished_share,
                     vanished_seen_s=a.vanished_seen_s, watch_period_s=a.watch_period, crash_push=not a.no_crash_push,
                     standby_stays_in_use=not a.standby_moves_in_use,
-                    small_first_always=a.small_first_always, standby_pair_weight=a.standby_pair_weight,
+                    small_first_always=a.small_first_always, gap_delay_from_smallest=not a.gap_delay_per_layer_held, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
                     react_clean_first=not a.exposing_peers_react_as_soon, serve_by_layer=a.serve_by_layer is not None,
                     coordinated_loads=not a.no_coordinated_loads,

@@ -209,7 +209,8 @@ def react_delay(view: SwarmView, my_layers: int, exposes: bool = False) -> float
 
     While some layer has no ONLINE or DRAINING server but standbys (SwarmView.uncovered_layers),
     every second stops clients or holds them to a standby's pace: the fastest loaders (the fewest
-    layers, a move reloads them all) decide first, several in parallel. Otherwise (layers thin, or
+    layers, a move reloads them all) decide first, several in parallel, after one step; the others
+    a step per layer more than the view's smallest peers hold. Otherwise (layers thin, or
     served only by a draining peer) a slower refill costs some throughput, not service: the
     largest peers decide first, since one of them refills a departed large peer's range in one
     move where 4-layer peers need one move per 4 layers, each a reload (docs/balancing.md,
@@ -222,9 +223,11 @@ def react_delay(view: SwarmView, my_layers: int, exposes: bool = False) -> float
     remaining server inside it is a gap (docs/balancing.md, tenth session).
     """
     extra = REACT_DELAY_PER_LAYER_S if exposes else 0.0
+    sizes = [len(r.layers) for r in view.online() if not r.standby]
     if view.uncovered_layers(standbys=False):
-        return REACT_DELAY_PER_LAYER_S * my_layers + extra
-    largest = max((len(r.layers) for r in view.online() if not r.standby), default=my_layers)
+        smallest = min(sizes, default=my_layers)
+        return REACT_DELAY_PER_LAYER_S * (max(my_layers - smallest, 0) + 1) + extra
+    largest = max(sizes, default=my_layers)
     return REACT_DELAY_PER_LAYER_S * (max(largest - my_layers, 0) + 1) + extra
 
 

@@ -35,7 +35,10 @@ def test_the_fastest_loader_decides_first_while_a_layer_has_no_gpu_server() -> N
     assert STANDBY_ONLY.uncovered_layers(standbys=False) == list(range(8, 16))
     delays = {k: react_delay(STANDBY_ONLY, k) for k in (4, 8)}
     assert delays[4] < delays[8]
-    assert delays[4] == 4 * REACT_DELAY_PER_LAYER_S
+    # The smallest in the view go after one step, not one per layer they hold: every second here
+    # holds clients to a standby's pace.
+    assert delays[4] == REACT_DELAY_PER_LAYER_S
+    assert delays[8] - delays[4] == 4 * REACT_DELAY_PER_LAYER_S  # one step per layer of difference
 
 
 def test_a_draining_sole_server_still_serves_so_the_largest_decide_first() -> None:
