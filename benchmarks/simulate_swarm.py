@@ -158,10 +158,12 @@ RECORD_TTL_S = 30.0  # swarm-peer --announce-ttl; re-announced every third of it
 # suspect report is stored (~0.5 s), and the peer's own probe is refused at once.
 CRASH_SEEN_S = 1.5
 # A host that vanished (a closed laptop, a dropped link) closes nothing: the client probes the silent
-# hop after ClientConfig.stall_probe_s (2 s), waits out the probe (2 s), reports it (~0.5 s), and the
-# peer's own probe waits out peer/server.py PROBE_TIMEOUT_S (2 s). Before the stall probe (eighteenth
+# hop after four of its decode steps but at least ClientConfig.stall_probe_min_s (1 s; client/stall.py
+# stall_wait: the busy swarm's sessions have timed their hops), waits out the probe (1 s), reports it
+# (~0.5 s), and the peer's own probe waits out peer/server.py PROBE_TIMEOUT_S (1 s). 6.5 s before the
+# thirty-fifth session (2-s waits each; --vanished-seen-s 6.5). Before the stall probe (eighteenth
 # session) the client waited out its 30-s step timeout and a 15-s re-dial: the record expired first.
-VANISHED_SEEN_S = 6.5
+VANISHED_SEEN_S = 3.5
 # Crash notices: the client that reports a suspect also tells a few peers, who tell a few more
 # (peer/crash_notices.py), so every peer probes and re-reads the view at once, not at its next watch
 # read: fan-out 8 reaches 2,000 peers in four hops of one round trip each (RTT_RANGE_S), plus one
@@ -1074,8 +1076,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="share of the abrupt departures that are vanished hosts (a closed laptop: no stream closes), "
                          "seen after --vanished-seen-s; the rest are dead processes, seen after CRASH_SEEN_S = 1.5 s")
     ap.add_argument("--vanished-seen-s", type=float, default=VANISHED_SEEN_S,
-                    help="seconds until a vanished host's record leaves the view (6.5: the client's stall probe and the "
-                         "peers' probe; 48: the client before the stall probe, 30-s step timeout and 15-s re-dial, "
+                    help="seconds until a vanished host's record leaves the view (3.5: the client's stall probe and the "
+                         "peers' probe; 6.5: both with 2-s waits, before the thirty-fifth session; 48: the client before the stall probe, 30-s step timeout and 15-s re-dial, "
                          "so the record expires first)")
     ap.add_argument("--watch-period", type=float, default=WATCH_PERIOD_S,
                     help="seconds between a peer's (and a standby's) reads of the view, +-25%%: how soon after a layer "

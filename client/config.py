@@ -17,6 +17,9 @@ class ClientConfig:
     # A hop that has not answered a step for this long is probed (an info request, this long a
     # timeout): a vanished host (no stream closed) fails over in seconds, not step_timeout (client/stall.py).
     stall_probe_s: float = 2.0
+    # ... or, once a session has timed the hop's decode steps, after four of them, but never sooner than
+    # this (nor a shorter probe timeout): a probe takes a few round trips, 0.3 s each over a relay.
+    stall_probe_min_s: float = 1.0
     max_retries: int = 5  # failovers per step before giving up with an error
     retry_backoff: float = 0.5  # seconds, doubled after every failed attempt of one step
     push: bool = True  # peers pass decode steps straight on (faster in benchmarks/bench_client_modes.py)
@@ -28,6 +31,9 @@ class ClientConfig:
     def __post_init__(self) -> None:
         if not self.stall_probe_s > 0:
             raise ValueError(f"stall_probe_s={self.stall_probe_s!r}: give the seconds after which a silent hop is probed (> 0)")
+        if not 0 < self.stall_probe_min_s <= self.stall_probe_s:
+            raise ValueError(f"stall_probe_min_s={self.stall_probe_min_s!r}: give the shortest wait before a timed "
+                             f"hop is probed, in (0, stall_probe_s={self.stall_probe_s!r}]")
         if self.min_quant is not None and self.min_quant not in QUANT_PRECISION:
             raise ValueError(f"min_quant={self.min_quant!r}: choose one of {', '.join(QUANT_PRECISION)} (or None for any)")
 

@@ -23,7 +23,7 @@ import torch
 
 from client.errors import SwarmError, is_hop_failure
 from client.hop import HopSession
-from client.stall import unless_gone
+from client.stall import stall_wait, unless_gone
 from client.swarm_client import SwarmClient
 from client.verify import check_step, fingerprint_outliers
 from routing import NoRouteError
@@ -157,7 +157,7 @@ class InferenceSession:
             try:
                 sent = time.perf_counter()
                 await hop.send_step(x, new_tokens, step_id, token_ids=token_ids, upstream=self._upstream(index))
-                y = await self._result(hop, step_id)
+                y = await self._result(hop, step_id, new_tokens)
                 self._measure(hop, new_tokens, time.perf_counter() - sent)
             except Exception as e:
                 if not is_hop_failure(e):
@@ -217,7 +217,7 @@ class InferenceSession:
             return 0, x
         for index, hop in enumerate(self.hops):
             try:
-                y = await self._result(hop, step_id)
+                y = await self._result(hop, step_id, new_tokens)
             except Exception as e:
                 if not is_hop_failure(e):
                     raise self._user_error(hop, e) from e
@@ -232,16 +232,23 @@ class InferenceSession:
             x = y
         return len(self.hops), x
 
-    async def _result(self, hop: HopSession, step_id: int) -> torch.Tensor:
-        """`hop`'s result of step `step_id`; a hop silent for ClientConfig.stall_probe_s is probed, and
-        one that does not answer raises PeerUnreachable at once, not at step_timeout (client/stall.py)."""
-        return await unless_gone(hop.recv_result(step_id, self._timeout), partial(self.swarm.is_alive, hop.peer_id),
-                                 hop.peer_id, self.swarm.config.stall_probe_s, self._timeout)
+    async def _result(self, hop: HopSession, step_id: int, new_tokens: list[int]) -> torch.Tensor:
+        """`hop`'s result of step `step_id`; a hop silent for a while is probed, and one that does not
+        answer raises PeerUnreachable at once, not at step_timeout (client/stall.py). The while is
+        ClientConfig.stall_probe_s, or for a decode step on a hop whose decode steps were timed, four
+        of them but at least ClientConfig.stall_probe_min_s (stall_wait)."""
+        config = self.swarm.config
+        decode = all(n == 1 for n in new_tokens)
+        wait = stall_wait(hop.typical_step_s if decode else None, config.stall_probe_min_s, config.stall_probe_s)
+        return await unless_gone(hop.recv_result(step_id, self._timeout),
+                                 partial(self.swarm.is_alive, hop.peer_id, timeout=wait), hop.peer_id, wait,
+                                 self._timeout)
 
     def _measure(self, hop: HopSession, new_tokens: list[int], seconds: float) -> None:
         """Decode steps only: a prefill's tokens/s says little about a peer's decode speed."""
         if all(n == 1 for n in new_tokens):
             self.swarm.measured.observe(hop.peer_id, len(hop.layers), len(new_tokens), seconds)
+            hop.observe_step(seconds)
 
     async def _replace(self, index: int, error: BaseException, attempt: int) -> None:
         """Swap hop `index` for a freshly planned route over its layers, replaying its inputs."""
@@ -291,7 +298,7 @@ class InferenceSession:
                 if x is not None:
                     replay_id = self._new_id()
                     await hop.send_step(x, new_tokens, replay_id, token_ids=history_ids)
-                    y = await self._result(hop, replay_id)
+                    y = await self._result(hop, replay_id, new_tokens)
                     hop.record_inputs(x, new_tokens, history_ids)
                     x = y
         except Exception as e:

@@ -8,6 +8,13 @@ due, the client asks the peer for its `info` every `ClientConfig.stall_probe_s` 
 timeout too): a peer that answers is busy (a long prefill, a queue) and the wait goes on; one
 that does not is unreachable at once, so the session fails over and reports it (SwarmClient.ban),
 seconds after the host vanished instead of 30-45 s (docs/balancing.md, eighteenth session).
+
+How long "a while" is depends on the hop (`stall_wait`): a session's hop whose decode steps have
+been answering in tens of milliseconds is probed after STALL_STEP_FACTOR of its usual steps, at
+least `ClientConfig.stall_probe_min_s` (1 s), and that long a probe timeout; a hop not timed yet
+(a new session, a prefill, a stateless forward) after `stall_probe_s` (2 s). A vanished host under
+a decoding session is so seen in about 2 s, not 4 (docs/balancing.md, thirty-fifth session); a slow
+peer (a CPU peer, a far one) keeps the longer waits its own steps ask for.
 """
 
 from __future__ import annotations
@@ -21,6 +28,18 @@ from typing import TypeVar
 from swarm.errors import PeerUnreachable
 
 T = TypeVar("T")
+
+# A hop is probed once it has been silent for this many of its usual decode steps: a queue or a batch
+# beside a long prefill delays a step by a few steps' time, and a probe it then answers costs little.
+STALL_STEP_FACTOR = 4.0
+
+
+def stall_wait(typical_step_s: float | None, floor_s: float, ceiling_s: float) -> float:
+    """Seconds of silence before a hop whose decode steps usually take `typical_step_s` is probed, and
+    the probe's timeout: STALL_STEP_FACTOR steps within [floor_s, ceiling_s]; ceiling_s when not timed."""
+    if typical_step_s is None:
+        return ceiling_s
+    return min(max(STALL_STEP_FACTOR * typical_step_s, floor_s), ceiling_s)
 
 
 async def unless_gone(result: Awaitable[T], is_alive: Callable[[], Awaitable[bool]], peer_id: str,

@@ -131,9 +131,11 @@ class SwarmClient:
         if self.bans.unreachable(peer_id, announced):  # news: tell the peers (once per announcement)
             self._beside(self._report_unreachable(peer_id, announced))
 
-    async def is_alive(self, peer_id: str) -> bool:
-        """Does `peer_id` answer an info request within ClientConfig.stall_probe_s (client/stall.py)?"""
-        return await answers(self.p2p, peer_id, self.limits, self.swarm_key, self.config.stall_probe_s)
+    async def is_alive(self, peer_id: str, timeout: float | None = None) -> bool:
+        """Does `peer_id` answer an info request within `timeout` s (default ClientConfig.stall_probe_s;
+        client/stall.py)?"""
+        return await answers(self.p2p, peer_id, self.limits, self.swarm_key,
+                             self.config.stall_probe_s if timeout is None else timeout)
 
     async def _ask_if_alive(self, peer_id: str, announced: float) -> None:
         if not await answers(self.p2p, peer_id, self.limits, self.swarm_key, self.config.connect_timeout):

@@ -63,9 +63,11 @@ def software_version() -> str:
 
 # A suspect peer (peer/crash_watch.py) that has not answered an `info` request within this long
 # is treated as gone: a live peer answers in milliseconds, a DHT round trip is well under it. A
-# vanished host never answers, so this is part of every such crash's cost: 2 s, the client's
-# stall probe too (ClientConfig.stall_probe_s; docs/balancing.md, eighteenth session).
-PROBE_TIMEOUT_S = 2.0
+# vanished host never answers, so this is part of every such crash's cost: 1 s, the client's
+# shortest stall probe too (ClientConfig.stall_probe_min_s: a few round trips even over a relay;
+# docs/balancing.md, eighteenth and thirty-fifth sessions). A client already found the suspect
+# silent, so this only confirms it from a second place.
+PROBE_TIMEOUT_S = 1.0
 
 
 class PeerServer(Moves):

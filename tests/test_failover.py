@@ -7,6 +7,7 @@ until the DHT lists exactly the four live peers, so no stale record can stand in
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -208,12 +209,14 @@ def test_a_peer_that_crashes_mid_generation_is_reported_as_a_suspect(tiny_model_
         model.close()
 
 
-def test_a_vanished_peer_is_failed_over_and_reported_in_seconds(tiny_model_factory, local_swarm: LocalSwarm) -> None:
+def test_a_vanished_peer_is_failed_over_and_reported_in_seconds(tiny_model_factory, local_swarm: LocalSwarm,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     """Two peers serve every layer; the one carrying the session is stopped (SIGSTOP) at token 3: a
     host that vanished, whose streams stay open and never answer. With the default 30-s step timeout
-    the client probes the silent hop after ClientConfig.stall_probe_s, fails over when the probe goes
-    unanswered (client/stall.py) and reports it as a suspect, all well inside one step timeout; the
-    tokens equal transformers'. Before the stall probe this waited out the whole step timeout."""
+    the client probes the silent hop, fails over when the probe goes unanswered (client/stall.py) and
+    reports it as a suspect, all well inside one step timeout; the tokens equal transformers'. Before
+    the stall probe this waited out the whole step timeout. The hop's decode steps were timed by then,
+    so it is probed after less than ClientConfig.stall_probe_s (client/stall.py stall_wait)."""
     peers, ids, expected, model = two_full_peers(tiny_model_factory, local_swarm, seed=9, new_tokens=8)
     step_timeout = model.swarm.config.step_timeout
     assert step_timeout >= 30, "the default step timeout, which this test must beat by far"
@@ -223,13 +226,17 @@ def test_a_vanished_peer_is_failed_over_and_reported_in_seconds(tiny_model_facto
             injector = FaultAtToken(session, {p.peer_id: (p, "0:4") for p in peers},
                                     lambda p: p.signal(signal.SIGSTOP), at=3)
             started = time.monotonic()
-            out = model.generate(ids, max_new_tokens=8, session=session, streamer=injector)
+            with caplog.at_level("INFO", logger="client.session"):
+                out = model.generate(ids, max_new_tokens=8, session=session, streamer=injector)
             elapsed = time.monotonic() - started
             victim = injector.victim
             assert torch.equal(out, expected)
             assert session.stats.failovers >= 1
         assert victim is not None
         assert elapsed < step_timeout / 2, f"generation took {elapsed:.1f} s: the stalled hop was waited out"
+        silences = [float(m.group(1)) for r in caplog.records
+                    if (m := re.search(r"has not answered for ([0-9.]+) s", r.getMessage()))]
+        assert silences and max(silences) < model.swarm.config.stall_probe_s, silences
         assert_reported_alone(model, victim, next(p for p in peers if p is not victim))
     finally:
         model.close()

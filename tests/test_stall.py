@@ -8,8 +8,10 @@ import pytest
 
 from client.config import ClientConfig
 from client.errors import is_hop_failure
-from client.stall import unless_gone
+from client.hop import HopSession
+from client.stall import STALL_STEP_FACTOR, stall_wait, unless_gone
 from swarm.errors import PeerUnreachable
+from swarm.types import LayerRange, PeerRecord
 
 
 class Probes:
@@ -65,3 +67,24 @@ def test_the_results_own_timeout_still_ends_the_wait() -> None:
 def test_the_stall_probe_must_be_positive() -> None:
     with pytest.raises(ValueError, match="stall_probe_s"):
         ClientConfig(stall_probe_s=0)
+    with pytest.raises(ValueError, match="stall_probe_min_s"):
+        ClientConfig(stall_probe_min_s=3.0)  # above stall_probe_s (2 s)
+    with pytest.raises(ValueError, match="stall_probe_min_s"):
+        ClientConfig(stall_probe_min_s=0)
+
+
+def test_a_hop_that_answers_fast_is_probed_sooner_than_one_not_timed_yet() -> None:
+    """Four of the hop's usual decode steps, within [floor, ceiling]; the ceiling before any was timed."""
+    assert stall_wait(None, 1.0, 2.0) == 2.0
+    assert stall_wait(0.02, 1.0, 2.0) == 1.0  # a GPU hop: the floor
+    assert stall_wait(0.4, 1.0, 2.0) == pytest.approx(STALL_STEP_FACTOR * 0.4)  # between
+    assert stall_wait(3.0, 1.0, 2.0) == 2.0  # a slow CPU hop: never later than the ceiling
+
+
+def test_a_hop_learns_its_typical_decode_step() -> None:
+    hop = HopSession(PeerRecord("p", "m", LayerRange(0, 4)), LayerRange(0, 4), batch=1, max_length=16)
+    assert hop.typical_step_s is None
+    hop.observe_step(0.05)
+    assert hop.typical_step_s == pytest.approx(0.05)
+    hop.observe_step(1.05)  # one slow step moves it, but does not set it
+    assert 0.05 < hop.typical_step_s < 0.5
