@@ -744,8 +744,9 @@ def simulate(cfg: SimConfig) -> SimResult:
                 # always) the largest first: one refills a departed large peer's range in one move.
                 largest = max((q.k for q in candidates), default=0)
                 if swarm.gpu_uncovered or cfg.small_first_always:
-                    smallest = min((q.k for q in candidates), default=0) - 1 if cfg.gap_delay_from_smallest else 0
-                    delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * (q.k - smallest) for q in candidates}
+                    # One step for the smallest candidates, one more per layer held beyond theirs.
+                    not_waited = min((q.k for q in candidates), default=1) - 1 if cfg.gap_delay_from_smallest else 0
+                    delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * (q.k - not_waited) for q in candidates}
                 else:
                     delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * (largest - q.k + 1) for q in candidates}
                 if cfg.react_clean_first:  # one step later for a peer whose leaving exposes a layer
