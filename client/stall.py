@@ -13,7 +13,7 @@ How long "a while" is depends on the hop (`stall_wait`): a session's hop whose d
 been answering in tens of milliseconds is probed after STALL_STEP_FACTOR of its usual steps, at
 least `ClientConfig.stall_probe_min_s` (1 s), and that long a probe timeout; a hop not timed yet
 (a new session, a prefill, a stateless forward) after `stall_probe_s` (2 s). A vanished host under
-a decoding session is so seen in about 2 s, not 4 (docs/balancing.md, thirty-fifth session); a slow
+a decoding session is thus seen in about 2 s, not 4 (docs/balancing.md, thirty-fifth session); a slow
 peer (a CPU peer, a far one) keeps the longer waits its own steps ask for.
 """
 
