@@ -29,7 +29,6 @@ from swarm.types import LayerRange, PeerRecord
 
 # Activation dtypes a peer may announce, from the one wire dtype table.
 TORCH_DTYPES = {name: dtype for name, (dtype, _) in DTYPES.items() if dtype.is_floating_point}
-STEP_ALPHA = 0.3  # weight of the newest decode step in typical_step_s: one slow step does not set it
 
 
 def split_rows(hidden: torch.Tensor, new_tokens: list[int]) -> list[torch.Tensor]:
@@ -54,17 +53,9 @@ class HopSession:
         self.push_token = secrets.token_hex(16)
         self.upstream: str | None = None  # the peer this session accepts pushes from (told to the peer)
         self._expected: dict[int, tuple[int, int]] = {}  # step id -> (rows, hidden size) of its result
-        # Moving average of this hop's decode steps, seconds (network included): how long a silence
-        # is unusual for it (client/stall.py stall_wait). None until a decode step was timed.
-        self.typical_step_s: float | None = None
 
     def __repr__(self) -> str:
         return f"HopSession({self.peer_id[-8:]}, layers {self.layers})"
-
-    def observe_step(self, seconds: float) -> None:
-        """A decode step through this hop took `seconds`, from sending it (or the hop before's result) to its result."""
-        old = self.typical_step_s
-        self.typical_step_s = seconds if old is None else (1 - STEP_ALPHA) * old + STEP_ALPHA * seconds
 
     def _stream(self) -> PeerStream:
         if self.stream is None:

@@ -36,6 +36,12 @@ class MeasuredThroughput:
     def layer_tokens_per_second(self, peer_id: str) -> float | None:
         return self._rate.get(peer_id)
 
+    def expected_seconds(self, peer_id: str, layers: int, tokens: int) -> float | None:
+        """How long a decode step of `tokens` new tokens through `layers` of the peer's layers usually
+        takes, network included (client/stall.py: how long a silence is unusual); None before a measure."""
+        rate = self._rate.get(peer_id)
+        return None if rate is None else tokens * layers / rate
+
     def apply(self, view: SwarmView) -> SwarmView:
         """The view with each measured peer's throughput lowered to what the client measured."""
         records = dict(view.records)

@@ -235,11 +235,12 @@ class InferenceSession:
     async def _result(self, hop: HopSession, step_id: int, new_tokens: list[int]) -> torch.Tensor:
         """`hop`'s result of step `step_id`; a hop silent for a while is probed, and one that does not
         answer raises PeerUnreachable at once, not at step_timeout (client/stall.py). The while is
-        ClientConfig.stall_probe_s, or for a decode step on a hop whose decode steps were timed, four
-        of them but at least ClientConfig.stall_probe_min_s (stall_wait)."""
+        ClientConfig.stall_probe_s, or for a decode step through a peer whose decode steps were timed
+        (client/measured.py), four of them but at least ClientConfig.stall_probe_min_s (stall_wait)."""
         config = self.swarm.config
-        decode = all(n == 1 for n in new_tokens)
-        wait = stall_wait(hop.typical_step_s if decode else None, config.stall_probe_min_s, config.stall_probe_s)
+        usual = (self.swarm.measured.expected_seconds(hop.peer_id, len(hop.layers), len(new_tokens))
+                 if all(n == 1 for n in new_tokens) else None)
+        wait = stall_wait(usual, config.stall_probe_min_s, config.stall_probe_s)
         return await unless_gone(hop.recv_result(step_id, self._timeout),
                                  partial(self.swarm.is_alive, hop.peer_id, timeout=wait), hop.peer_id, wait,
                                  self._timeout)
@@ -248,7 +249,6 @@ class InferenceSession:
         """Decode steps only: a prefill's tokens/s says little about a peer's decode speed."""
         if all(n == 1 for n in new_tokens):
             self.swarm.measured.observe(hop.peer_id, len(hop.layers), len(new_tokens), seconds)
-            hop.observe_step(seconds)
 
     async def _replace(self, index: int, error: BaseException, attempt: int) -> None:
         """Swap hop `index` for a freshly planned route over its layers, replaying its inputs."""

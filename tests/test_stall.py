@@ -8,10 +8,9 @@ import pytest
 
 from client.config import ClientConfig
 from client.errors import is_hop_failure
-from client.hop import HopSession
+from client.measured import MeasuredThroughput
 from client.stall import STALL_STEP_FACTOR, stall_wait, unless_gone
 from swarm.errors import PeerUnreachable
-from swarm.types import LayerRange, PeerRecord
 
 
 class Probes:
@@ -81,10 +80,10 @@ def test_a_hop_that_answers_fast_is_probed_sooner_than_one_not_timed_yet() -> No
     assert stall_wait(3.0, 1.0, 2.0) == 2.0  # a slow CPU hop: never later than the ceiling
 
 
-def test_a_hop_learns_its_typical_decode_step() -> None:
-    hop = HopSession(PeerRecord("p", "m", LayerRange(0, 4)), LayerRange(0, 4), batch=1, max_length=16)
-    assert hop.typical_step_s is None
-    hop.observe_step(0.05)
-    assert hop.typical_step_s == pytest.approx(0.05)
-    hop.observe_step(1.05)  # one slow step moves it, but does not set it
-    assert 0.05 < hop.typical_step_s < 0.5
+def test_a_peers_usual_decode_step_comes_from_the_clients_own_measure() -> None:
+    measured = MeasuredThroughput()
+    assert measured.expected_seconds("p", 4, 1) is None
+    measured.observe("p", layers=4, tokens=1, seconds=0.05)
+    assert measured.expected_seconds("p", 4, 1) == pytest.approx(0.05)
+    measured.observe("p", layers=4, tokens=1, seconds=1.05)  # one slow step moves it, but does not set it
+    assert 0.05 < measured.expected_seconds("p", 4, 1) < 0.5
