@@ -4,8 +4,12 @@ files are local (swarm-peer serve --prefetch), against a first fetch from the ne
 Writes a checkpoint of a few Llama-2-70B-shaped layers (bf16, one file per layer, 1.71 GB each), then
 times `Shard.from_pretrained`, the loader every peer uses, reading them onto `--device` (cuda: until the
 weights are on the GPU, the copy synchronised, as a GPU peer's move loads them):
-  * cold: the page cache dropped first (needs root: /proc/sys/vm/drop_caches), a read from the disk;
-  * warm: the files already in the page cache (a move back to layers read recently).
+  * cold: the page cache dropped first (as root: /proc/sys/vm/drop_caches; else each file's pages
+    evicted with posix_fadvise), a read from the disk;
+  * warm: the files already in the page cache (a move back to layers read recently);
+each with the peer's loader as it is (reading each next layer ahead on worker threads, shards/read_ahead.py)
+and plain (`read_ahead=False`: the mapped files read by the host-to-device copy), and, where installed,
+fastsafetensors reading the same files whole for comparison.
 The same bytes from a network link take size / bandwidth: printed for 1 Gbit/s for comparison.
 
     .venv/bin/python -m benchmarks.bench_layer_load --layers 2 --repeat 3 [--device cuda]
@@ -14,6 +18,7 @@ The same bytes from a network link take size / bandwidth: printed for 1 Gbit/s f
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -21,11 +26,13 @@ import statistics
 import subprocess
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from datetime import date
 from pathlib import Path
 
 import torch
 
+from shards import read_ahead
 from shards.shard import Shard
 
 LLAMA2_70B = dict(
@@ -68,25 +75,71 @@ def write_checkpoint(path: Path, layers: int) -> int:
     return total
 
 
-def drop_page_cache() -> bool:
-    """Empty the page cache (root only); False when not allowed."""
+def drop_page_cache(path: Path) -> bool:
+    """Evict the checkpoint's files from the page cache: all of it as root, else each file's own pages
+    (posix_fadvise DONTNEED, allowed on files we can read). False when neither works."""
     subprocess.run(["sync"], check=False)
     try:
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
     except OSError:
+        pass
+    try:
+        for file in path.glob("*.safetensors"):
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    except (OSError, AttributeError):
         return False
     return True
 
 
-def timed_load(path: Path, layers: int, device: str) -> float:
+@dataclass(frozen=True)
+class Load:
+    seconds: float  # until every layer is on the device
+    first_layer_s: float  # until the first layer was (a growing move serves it from then on)
+
+
+def timed_load(path: Path, layers: int, device: str, threads: int) -> Load:
+    """One load of layers 0..layers-1; `threads` 0: read_ahead=False, else read ahead with that many."""
+    synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    first: list[float] = []
+
+    def arrived(shard: Shard, layer: int) -> None:
+        if not first:
+            synchronize()
+            first.append(time.perf_counter() - started)
+
+    read_ahead.READ_THREADS = threads or read_ahead.READ_THREADS
     started = time.perf_counter()
-    shard = Shard.from_pretrained(path, 0, layers, dtype=torch.bfloat16, device=device)
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - started
+    shard = Shard.from_pretrained(path, 0, layers, dtype=torch.bfloat16, device=device, read_ahead=threads > 0,
+                                  on_layer=arrived)
+    synchronize()
+    load = Load(time.perf_counter() - started, first[0])
     del shard
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
+    return load
+
+
+def timed_fastsafetensors(path: Path, device: str) -> float:
+    """Seconds for fastsafetensors (parallel reads, no mmap) to read the same files whole onto `device`."""
+    from fastsafetensors import SafeTensorsFileLoader, SingleGroup
+    files = sorted(str(f) for f in path.glob("model-layer-*.safetensors"))
+    started = time.perf_counter()
+    loader = SafeTensorsFileLoader(SingleGroup(), torch.device(device if ":" in device else f"{device}:0"), nogds=True)
+    try:
+        loader.add_filenames({0: files})
+        buffers = loader.copy_files_to_device()
+        tensors = [buffers.get_tensor(name) for name in buffers.key_to_rank_lidx]
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - started
+        del tensors
+        buffers.close()
+    finally:
+        loader.close()
     return elapsed
 
 
@@ -97,36 +150,62 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where the loaded weights go: cpu, or cuda (a GPU peer's load)")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the checkpoint (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "layer_load.json")
+    ap.add_argument("--read-threads", type=int, nargs="+", default=[read_ahead.READ_THREADS],
+                    help="read-ahead modes to time, by the threads reading one tensor's chunks at once "
+                         f"(the peer uses {read_ahead.READ_THREADS})")
     a = ap.parse_args()
+    modes = {"plain": 0, **{f"read-ahead x{n}": n for n in a.read_threads}}  # 0: Shard.from_pretrained(read_ahead=False)
+    cold: dict[str, list[Load]] = {m: [] for m in modes}
+    warm: dict[str, list[Load]] = {m: [] for m in modes}
+    fast: dict[str, list[float]] = {"cold": [], "warm": []}
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         path = Path(tmp)
         print(f"writing {a.layers} Llama-2-70B-shaped bf16 layers to {path} ...", flush=True)
         size = write_checkpoint(path, a.layers)
         per_layer_gb = size / a.layers / 1e9
-        cold: list[float] = []
-        for _ in range(a.repeat):
-            if not drop_page_cache():
-                print("cannot drop the page cache (not root): cold loads skipped")
-                break
-            cold.append(timed_load(path, a.layers, a.device) / a.layers)
-        timed_load(path, a.layers, a.device)  # into the page cache (and CUDA initialised)
-        warm = [timed_load(path, a.layers, a.device) / a.layers for _ in range(a.repeat)]
-    network = size / a.layers / GBIT_BYTES_PER_S
-    rows = [("disk, page cache dropped", statistics.median(cold) if cold else None),
-            ("page cache (warm)", statistics.median(warm)),
-            ("1 Gbit/s link (size / bandwidth)", network)]
+        can_drop = drop_page_cache(path)
+        if not can_drop:
+            print("cannot evict the page cache here: cold loads skipped")
+        timed_load(path, 1, a.device, 0)  # CUDA initialised, the code paths warm
+        use_fast = a.device.startswith("cuda") and importlib.util.find_spec("fastsafetensors") is not None
+        for _ in range(a.repeat):  # the modes interleaved, so a drift of the disk touches both alike
+            for mode, threads in modes.items():
+                if can_drop and drop_page_cache(path):
+                    cold[mode].append(timed_load(path, a.layers, a.device, threads))
+                timed_load(path, a.layers, a.device, threads)  # into the page cache
+                warm[mode].append(timed_load(path, a.layers, a.device, threads))
+            if use_fast:
+                try:
+                    if can_drop and drop_page_cache(path):
+                        fast["cold"].append(timed_fastsafetensors(path, a.device))
+                    fast["warm"].append(timed_fastsafetensors(path, a.device))
+                except Exception as e:  # a research prototype: report it, never fail the benchmark
+                    print(f"fastsafetensors failed: {type(e).__name__}: {e}")
+                    use_fast = False
+    network = per_layer_gb * 1e9 / GBIT_BYTES_PER_S
     where = torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else "the CPU"
-    print(f"\nLlama-2-70B-shaped layer, bf16, {per_layer_gb:.2f} GB; Shard.from_pretrained onto {where}, "
-          f"{os.cpu_count()} cores")
-    print(f"{'source':36} {'s / layer':>9} {'GB/s':>6}")
-    for name, seconds in rows:
-        if seconds is None:
-            print(f"{name:36} {'-':>9}")
-        else:
-            print(f"{name:36} {seconds:9.2f} {per_layer_gb / seconds:6.2f}")
+    print(f"\nLlama-2-70B-shaped layer, bf16, {per_layer_gb:.2f} GB; {a.layers} layers loaded onto {where}, "
+          f"{os.cpu_count()} cores; medians of {a.repeat}")
+    print(f"{'source':28} {'loader':34} {'s / layer':>9} {'GB/s':>6} {'first layer s':>13}")
+    rows = []
+    for source, runs in (("disk, page cache dropped", cold), ("page cache (warm)", warm)):
+        for mode, loads in runs.items():
+            if loads:
+                per_layer = statistics.median(x.seconds for x in loads) / a.layers
+                first = statistics.median(x.first_layer_s for x in loads)
+                rows.append((source, f"Shard.from_pretrained {mode}", per_layer, first))
+    for source, key in (("disk, page cache dropped", "cold"), ("page cache (warm)", "warm")):
+        if fast[key]:
+            rows.append((source, "fastsafetensors (whole files)", statistics.median(fast[key]) / a.layers, None))
+    rows.append(("1 Gbit/s link", "size / bandwidth", network, None))
+    for source, loader, per_layer, first in rows:
+        first_text = "-" if first is None else f"{first:.2f}"
+        print(f"{source:28} {loader:34} {per_layer:9.2f} {per_layer_gb / per_layer:6.2f} {first_text:>13}")
     result = {"date": date.today().isoformat(), "machine": platform.node(), "cpus": os.cpu_count(), "device": where,
               "layer_gb": per_layer_gb, "layers": a.layers, "repeat": a.repeat,
-              "cold_s_per_layer": cold, "warm_s_per_layer": warm, "gbit_link_s_per_layer": network}
+              "cold": {m: [asdict(x) for x in v] for m, v in cold.items()},
+              "warm": {m: [asdict(x) for x in v] for m, v in warm.items()},
+              "fastsafetensors_s": fast, "gbit_link_s_per_layer": network}
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(result, indent=1))
     print(f"wrote {a.json}")
