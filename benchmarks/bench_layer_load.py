@@ -7,9 +7,8 @@ weights are on the GPU, the copy synchronised, as a GPU peer's move loads them):
   * cold: the page cache dropped first (as root: /proc/sys/vm/drop_caches; else each file's pages
     evicted with posix_fadvise), a read from the disk;
   * warm: the files already in the page cache (a move back to layers read recently);
-each with the peer's loader as it is (reading each next layer ahead on worker threads, shards/read_ahead.py)
-and plain (`read_ahead=False`: the mapped files read by the host-to-device copy), and, where installed,
-fastsafetensors reading the same files whole for comparison.
+each with the peer's loader (the mapped files read by the host-to-device copy) and, where installed,
+fastsafetensors (parallel reads, no mmap) reading the same files whole, for comparison.
 The same bytes from a network link take size / bandwidth: printed for 1 Gbit/s for comparison.
 
     .venv/bin/python -m benchmarks.bench_layer_load --layers 2 --repeat 3 [--device cuda]
@@ -32,7 +31,6 @@ from pathlib import Path
 
 import torch
 
-from shards import read_ahead
 from shards.shard import Shard
 
 LLAMA2_70B = dict(
@@ -102,8 +100,8 @@ class Load:
     first_layer_s: float  # until the first layer was (a growing move serves it from then on)
 
 
-def timed_load(path: Path, layers: int, device: str, threads: int) -> Load:
-    """One load of layers 0..layers-1; `threads` 0: read_ahead=False, else read ahead with that many."""
+def timed_load(path: Path, layers: int, device: str) -> Load:
+    """One load of layers 0..layers-1 by the peer's loader."""
     synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     first: list[float] = []
 
@@ -112,10 +110,8 @@ def timed_load(path: Path, layers: int, device: str, threads: int) -> Load:
             synchronize()
             first.append(time.perf_counter() - started)
 
-    read_ahead.READ_THREADS = threads or read_ahead.READ_THREADS
     started = time.perf_counter()
-    shard = Shard.from_pretrained(path, 0, layers, dtype=torch.bfloat16, device=device, read_ahead=threads > 0,
-                                  on_layer=arrived)
+    shard = Shard.from_pretrained(path, 0, layers, dtype=torch.bfloat16, device=device, on_layer=arrived)
     synchronize()
     load = Load(time.perf_counter() - started, first[0])
     del shard
@@ -146,17 +142,13 @@ def timed_fastsafetensors(path: Path, device: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=2, help="layers written and loaded (1.71 GB each)")
-    ap.add_argument("--repeat", type=int, default=3, help="timed loads per mode (the median is reported)")
+    ap.add_argument("--repeat", type=int, default=3, help="timed loads per source and loader (the median is reported)")
     ap.add_argument("--device", default="cpu", help="where the loaded weights go: cpu, or cuda (a GPU peer's load)")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the checkpoint (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "layer_load.json")
-    ap.add_argument("--read-threads", type=int, nargs="+", default=[read_ahead.READ_THREADS],
-                    help="read-ahead modes to time, by the threads reading one tensor's chunks at once "
-                         f"(the peer uses {read_ahead.READ_THREADS})")
     a = ap.parse_args()
-    modes = {"plain": 0, **{f"read-ahead x{n}": n for n in a.read_threads}}  # 0: Shard.from_pretrained(read_ahead=False)
-    cold: dict[str, list[Load]] = {m: [] for m in modes}
-    warm: dict[str, list[Load]] = {m: [] for m in modes}
+    cold: list[Load] = []
+    warm: list[Load] = []
     fast: dict[str, list[float]] = {"cold": [], "warm": []}
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         path = Path(tmp)
@@ -166,14 +158,13 @@ def main() -> None:
         can_drop = drop_page_cache(path)
         if not can_drop:
             print("cannot evict the page cache here: cold loads skipped")
-        timed_load(path, 1, a.device, 0)  # CUDA initialised, the code paths warm
+        timed_load(path, 1, a.device)  # CUDA initialised, the code paths warm
         use_fast = a.device.startswith("cuda") and importlib.util.find_spec("fastsafetensors") is not None
-        for _ in range(a.repeat):  # the modes interleaved, so a drift of the disk touches both alike
-            for mode, threads in modes.items():
-                if can_drop and drop_page_cache(path):
-                    cold[mode].append(timed_load(path, a.layers, a.device, threads))
-                timed_load(path, a.layers, a.device, threads)  # into the page cache
-                warm[mode].append(timed_load(path, a.layers, a.device, threads))
+        for _ in range(a.repeat):  # the loaders interleaved, so a drift of the disk touches both alike
+            if can_drop and drop_page_cache(path):
+                cold.append(timed_load(path, a.layers, a.device))
+            timed_load(path, a.layers, a.device)  # into the page cache
+            warm.append(timed_load(path, a.layers, a.device))
             if use_fast:
                 try:
                     if can_drop and drop_page_cache(path):
@@ -188,12 +179,10 @@ def main() -> None:
           f"{os.cpu_count()} cores; medians of {a.repeat}")
     print(f"{'source':28} {'loader':34} {'s / layer':>9} {'GB/s':>6} {'first layer s':>13}")
     rows = []
-    for source, runs in (("disk, page cache dropped", cold), ("page cache (warm)", warm)):
-        for mode, loads in runs.items():
-            if loads:
-                per_layer = statistics.median(x.seconds for x in loads) / a.layers
-                first = statistics.median(x.first_layer_s for x in loads)
-                rows.append((source, f"Shard.from_pretrained {mode}", per_layer, first))
+    for source, loads in (("disk, page cache dropped", cold), ("page cache (warm)", warm)):
+        if loads:
+            per_layer = statistics.median(x.seconds for x in loads) / a.layers
+            rows.append((source, "Shard.from_pretrained", per_layer, statistics.median(x.first_layer_s for x in loads)))
     for source, key in (("disk, page cache dropped", "cold"), ("page cache (warm)", "warm")):
         if fast[key]:
             rows.append((source, "fastsafetensors (whole files)", statistics.median(fast[key]) / a.layers, None))
@@ -203,8 +192,7 @@ def main() -> None:
         print(f"{source:28} {loader:34} {per_layer:9.2f} {per_layer_gb / per_layer:6.2f} {first_text:>13}")
     result = {"date": date.today().isoformat(), "machine": platform.node(), "cpus": os.cpu_count(), "device": where,
               "layer_gb": per_layer_gb, "layers": a.layers, "repeat": a.repeat,
-              "cold": {m: [asdict(x) for x in v] for m, v in cold.items()},
-              "warm": {m: [asdict(x) for x in v] for m, v in warm.items()},
+              "cold": [asdict(x) for x in cold], "warm": [asdict(x) for x in warm],
               "fastsafetensors_s": fast, "gbit_link_s_per_layer": network}
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(result, indent=1))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -19,7 +18,6 @@ from shards.loading import fingerprint, load_tensors, require, tensor_files
 from shards.quant_checkpoint import load_block as load_quant_block
 from shards.quant_checkpoint import read_quant_format
 from shards.quant_checkpoint import tensor_names as quant_tensor_names
-from shards.read_ahead import LayerReadAhead
 from shards.rotary import Rotary
 from shards.streaming import LayerStreamer
 
@@ -55,7 +53,6 @@ class Shard(nn.Module):
         device: torch.device | str = "cpu",
         order: Sequence[int] | None = None,
         on_layer: Callable[[Shard, int], None] | None = None,
-        read_ahead: bool | None = None,
     ) -> Shard:
         """Load layers [start, end) of the HF safetensors checkpoint at `path`, and nothing else.
 
@@ -63,8 +60,6 @@ class Shard(nn.Module):
         `on_layer(shard, layer)` is called after each layer is loaded, on the loading thread: a
         peer serving each layer as it arrives (peer/moves.py) grows its served range there. Until
         the last call the blocks not yet loaded are on the meta device.
-        `read_ahead` (default: on any device but the CPU): read each next layer into host memory on
-        worker threads while this one is copied and built (shards/read_ahead.py).
         """
         path = Path(path)
         config = ModelConfig.from_pretrained(path)
@@ -90,26 +85,16 @@ class Shard(nn.Module):
         shard._fingerprint_inputs = (files, layer_names)
         if qformat is not None:
             shard.quant = qformat.quant
-        if read_ahead is None:
-            read_ahead = shard.device.type != "cpu"  # on the CPU the weights stay views of the mapped files
-
-        def mapped(layer: int) -> dict[str, torch.Tensor]:
-            return load_tensors(files, layer_names(layer), None, "cpu")
-
-        ahead = LayerReadAhead(order, mapped, pin=shard.device.type == "cuda") if read_ahead else None
-        with ahead or nullcontext():
-            arriving = iter(ahead) if ahead is not None else ((layer, mapped(layer)) for layer in order)
-            # One layer at a time keeps peak memory near one layer's worth of temporaries (two read ahead).
-            for layer, host in arriving:
-                block = shard.blocks[layer - start]
-                if qformat is None:
-                    block.load_hf(config, layer, {n: t.to(device=device, dtype=dtype) for n, t in host.items()})
-                else:  # quantized tensors keep their stored dtypes
-                    load_quant_block(block, config, layer, {n: t.to(device=device) for n, t in host.items()},
-                                     qformat, dtype)
-                del host
-                if on_layer is not None:
-                    on_layer(shard, layer)
+        for layer in order:
+            block = shard.blocks[layer - start]
+            # One layer at a time keeps peak memory near one layer's worth of temporaries.
+            if qformat is None:
+                block.load_hf(config, layer, load_tensors(files, layer_names(layer), dtype, device))
+            else:  # quantized tensors keep their stored dtypes
+                load_quant_block(block, config, layer, load_tensors(files, layer_names(layer), None, device),
+                                 qformat, dtype)
+            if on_layer is not None:
+                on_layer(shard, layer)
         shard.fingerprint = shard.fingerprint_of(start, end)
         return shard
 
