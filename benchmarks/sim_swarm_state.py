@@ -29,6 +29,10 @@ class SimPeer:
     # serves already (one contiguous range: load_order grows it at either end) ...
     arrived: list[int] = field(default_factory=list)
     to_load: list[int] = field(default_factory=list)  # ... and those still to come, in load order
+    # A mover's old range, which it serves on (not staying: balancing counts it at its target) until its
+    # react wait and move confirmation are over and its load starts (peer/moves.py migrate) ...
+    leaving: LayerRange | None = None
+    leaving_cause: str = ""  # ... and the move's trace cause, for the drop when it stops serving it
 
     @property
     def loading(self) -> bool:
@@ -36,11 +40,19 @@ class SimPeer:
         return self.serving is None
 
     @property
+    def growing(self) -> bool:
+        """Serving part of a window it is still loading (SimConfig.growing_share)."""
+        return self.serving is None and bool(self.arrived)
+
+    @property
     def served(self) -> LayerRange | None:
-        """What it serves now: its window once loaded, else the layers arrived so far (None: none yet)."""
-        if self.serving is not None or not self.arrived:
+        """What it serves now: its window once loaded, else the layers arrived so far, or a mover's old
+        range until its load starts (None: none of these)."""
+        if self.serving is not None:
             return self.serving
-        return LayerRange(min(self.arrived), max(self.arrived) + 1)
+        if self.arrived:
+            return LayerRange(min(self.arrived), max(self.arrived) + 1)
+        return self.leaving
 
 
 class SwarmArrays:
@@ -178,7 +190,7 @@ def recount(num_layers: int, peers: Iterable[SimPeer], expiring: Iterable[SimPee
         span = p.served
         if span is not None:
             fresh.serve(span, p, +1)
-            if not p.draining:
+            if not p.draining and p.leaving is None:  # a drainer and a mover's old range serve, not stay
                 fresh.stay(span, p, +1)
     for p in expiring:  # gone, serving nothing, but its record counts until it expires
         fresh.place(p, +1)

@@ -169,6 +169,9 @@ VANISHED_SEEN_S = 3.5
 # read: fan-out 8 reaches 2,000 peers in four hops of one round trip each (RTT_RANGE_S), plus one
 # DHT read of the view. 1 s, generously.
 CRASH_PUSH_S = 1.0
+# peer/moves.py MOVE_CONFIRM_S: a mover announces its move and re-reads the view this much later before
+# it frees its old range and starts loading (two peers leaving one range at once both step back).
+MOVE_CONFIRM_S = 1.0
 DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are not covered
 THIN_GRACE_S = 10.0  # peer/drain.py: covered but thin, a drainer waits this long for a replacement to start loading
 
@@ -223,6 +226,10 @@ class SimConfig:
     standby_stays_in_use: bool = True  # a standby serving sessions does not move (peer/balancer.py standby_loop)
     small_first_always: bool = False  # the fastest loaders refill first even while every layer has a GPU server (the rule before)
     gap_delay_from_smallest: bool = True  # on a gap the smallest peers wait one step, not one step per layer they hold
+    # A mover serves its old range through its react wait and the move's confirmation (MOVE_CONFIRM_S),
+    # then frees it and loads, as the peer does; False: it stops serving when it decides and loads after
+    # its react wait alone (the simulator before the thirty-sixth session).
+    mover_serves_while_waiting: bool = True
     standby_pair_weight: float = 0.0  # routing.standby.exposure's weight of an unguarded two-server layer
     standby_by_layer: bool = False  # a loading standby serves each layer as it arrives, the most exposed first
     standby_idle_moves: bool = False  # a standby guarding nothing moves for one exposed layer (not STANDBY_MARGIN)
@@ -520,6 +527,8 @@ def simulate(cfg: SimConfig) -> SimResult:
                 swarm.stay(p.serving, p, -1)
         elif p.arrived:  # it left while loading by layer (a loader leaves at once, graceful or not)
             unserve_arrived(p)
+        elif p.leaving is not None:  # it left while waiting to load (serving its old range)
+            stop_serving_old(p)
         del peers[p.peer_id]
         sb = standbys.pop(p.peer_id, None)
         if sb is not None:  # a standby leaves with its host
@@ -594,14 +603,28 @@ def simulate(cfg: SimConfig) -> SimResult:
         # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
         # one range cannot keep the old one (a peer with room for both serves on, peer/server.py
         # migrate; plan_move lets nobody move whose layers would go dark either way).
+        # Others' balancing sees it leave its old range at once (stay); it serves there until its load
+        # starts, after its react wait and the move's confirmation (mover_serves_while_waiting).
         swarm.stay(p.serving, p, -1)
-        swarm.serve(p.serving, p, -1)
+        starts = now + delay + (MOVE_CONFIRM_S if cfg.mover_serves_while_waiting else 0.0)
+        if starts > now and cfg.mover_serves_while_waiting:
+            p.leaving = p.serving
+            p.leaving_cause = "move_react" if reacting else "move_strength" if strength else "move_flow"
+        else:
+            swarm.serve(p.serving, p, -1)
         p.serving = None
         swarm.place(p, -1)
         p.layers, p.generation, p.moved_at = target, p.generation + 1, now
         swarm.place(p, +1)
-        load_gpu_peer(p, now + delay, move_load_s(p, now), by_layer=cfg.serve_by_layer)
+        if p.leaving is not None:
+            push(starts, "load_starts", p.peer_id, p.generation)
+        load_gpu_peer(p, starts, move_load_s(p, now), by_layer=cfg.serve_by_layer)
         return True
+
+    def stop_serving_old(p: SimPeer) -> None:
+        """A mover's old range, served while it waited, is freed: its load starts now."""
+        swarm.serve(p.leaving, p, -1)
+        p.leaving, p.leaving_cause = None, ""
 
     def urgent() -> bool:
         """Does some layer have no staying server, or is it thin (routing.urgent_layers)?"""
@@ -731,6 +754,11 @@ def simulate(cfg: SimConfig) -> SimResult:
             wake_drainers(now)
         elif kind == "gpu_layer" and p is not None and gen == p.generation and p.to_load:
             serve_layer(p, now)
+        elif kind == "load_starts" and p is not None and gen == p.generation and p.leaving is not None:
+            if tracer is not None:
+                tracer.cause(p.leaving_cause, f"{p.peer_id} k={p.k} {p.leaving} -> {p.layers} (its load starts)")
+            stop_serving_old(p)
+            wake_standbys(now)
         elif kind == "react":
             if not urgent():
                 continue
@@ -811,7 +839,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             serving = [q for q in peers.values() if q.served is not None]  # a peer loading by layer: what it has
             records = {
                 q.peer_id: PeerRecord(q.peer_id, "sim", q.served, PeerState.DRAINING if q.draining else PeerState.ONLINE,
-                                      q.thr * (cfg.growing_share if q.loading else 1.0), free_pages=100)
+                                      q.thr * (cfg.growing_share if q.growing else 1.0), free_pages=100)
                 for q in serving
             }
             view = SwarmView("sim", num_layers, records, {q: peers[q].rtt for q in records})
@@ -927,7 +955,7 @@ def _write_snapshot(path: Path, now: float, num_layers: int, serving: list[SimPe
 def _placement(serving: list[SimPeer], growing_share: float) -> list[tuple[LayerRange, float]]:
     """(served layers, layer-tokens/s) per serving peer; one still loading part of its window counts at
     `growing_share` of its capacity (SimConfig)."""
-    return [(q.served, q.thr * q.k * (growing_share if q.loading else 1.0)) for q in serving]
+    return [(q.served, q.thr * q.k * (growing_share if q.growing else 1.0)) for q in serving]
 
 
 def standby_stream_entries(span: LayerRange, gpu_servers: list[int],
@@ -1052,6 +1080,10 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--gap-delay-per-layer-held", action="store_true",
                     help="on a gap every peer waits 0.5 s per layer it holds, so the smallest wait 2 s (the rule "
                          "before the thirty-fifth session; now they wait one step, the others a step per layer more)")
+    ap.add_argument("--mover-stops-at-decision", action="store_true",
+                    help="a mover stops serving its old range when it decides and loads after its react wait alone "
+                         "(the simulator before the thirty-sixth session; the peer serves on through the wait and "
+                         f"the move's {MOVE_CONFIRM_S:g}-s confirmation, then frees it and loads)")
     ap.add_argument("--standby-pair-weight", type=float, default=0.0,
                     help="standbys weigh an unguarded layer two peers serve this much (a sole-served one: 1)")
     ap.add_argument("--standby-by-layer", action="store_true",
@@ -1131,7 +1163,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     crash_watch=not a.no_crash_watch, vanished_share=a.vanished_share,
                     vanished_seen_s=a.vanished_seen_s, watch_period_s=a.watch_period, crash_push=not a.no_crash_push,
                     standby_stays_in_use=not a.standby_moves_in_use,
-                    small_first_always=a.small_first_always, gap_delay_from_smallest=not a.gap_delay_per_layer_held, standby_pair_weight=a.standby_pair_weight,
+                    small_first_always=a.small_first_always, gap_delay_from_smallest=not a.gap_delay_per_layer_held,
+                    mover_serves_while_waiting=not a.mover_stops_at_decision, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
                     react_clean_first=not a.exposing_peers_react_as_soon, serve_by_layer=a.serve_by_layer is not None,
                     coordinated_loads=not a.no_coordinated_loads,
