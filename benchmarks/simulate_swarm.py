@@ -188,6 +188,10 @@ class SimConfig:
     balance_period_s: float = BALANCE_PERIOD_S
     load_s_per_layer: float = LOAD_S_PER_LAYER
     move_load_s_per_layer: float | None = None  # a move's load, GPU peer or standby (from disk: swarm-peer serve --prefetch); None: load_s_per_layer
+    # A sensitivity, not the peer: a GPU peer's move made reacting to a gap or thin layer (a refill) loads
+    # this fast once prefetched, as if it read the layers from memory (the page cache: 0.24 s a 70B layer on
+    # an H100 lease, docs/performance.md); None: as any move.
+    refill_load_s_per_layer: float | None = None
     prefetch_s: float = 0.0  # ... once this long after a joiner first serves (its background prefetch); the first peers at once
     graceful: float = 0.0  # share of departures that drain instead of vanishing
     drain_max_s: float = DRAIN_MAX_S
@@ -618,7 +622,10 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.place(p, +1)
         if p.leaving is not None:
             push(starts, "load_starts", p.peer_id, p.generation)
-        load_gpu_peer(p, starts, move_load_s(p, now), by_layer=cfg.serve_by_layer)
+        load_s = move_load_s(p, now)
+        if reacting and cfg.refill_load_s_per_layer is not None and now >= p.prefetched_at:
+            load_s = cfg.refill_load_s_per_layer
+        load_gpu_peer(p, starts, load_s, by_layer=cfg.serve_by_layer)
         return True
 
     def stop_serving_old(p: SimPeer) -> None:
@@ -1024,6 +1031,9 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--move-load-s-per-layer", type=float, default=None,
                     help="seconds per layer when a running peer or standby moves (default: --load-s-per-layer; "
                          "lower models peers that prefetched the model to disk)")
+    ap.add_argument("--refill-load-s-per-layer", type=float, default=None,
+                    help="a sensitivity: seconds per layer of a GPU peer's move made reacting to a gap or thin layer, "
+                         "once prefetched (as if read from memory; default: as --move-load-s-per-layer)")
     ap.add_argument("--prefetch-s", type=float, default=0.0,
                     help="with --move-load-s-per-layer: seconds after a joiner first serves until its moves load that fast "
                          "(its background prefetch of the model)")
@@ -1135,6 +1145,8 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
+    if a.refill_load_s_per_layer is not None and not a.refill_load_s_per_layer > 0:
+        ap.error(f"--refill-load-s-per-layer is seconds per layer, > 0, got {a.refill_load_s_per_layer}")
     if not a.watch_period > 0:
         ap.error(f"--watch-period is seconds between reads of the view, > 0, got {a.watch_period}")
     if not 0 <= a.vanished_share <= 1:
@@ -1148,6 +1160,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                  f"got {a.standby_stream_host_slowdown}")
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     load_s_per_layer=a.load_s_per_layer, move_load_s_per_layer=a.move_load_s_per_layer,
+                    refill_load_s_per_layer=a.refill_load_s_per_layer,
                     prefetch_s=a.prefetch_s,
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
