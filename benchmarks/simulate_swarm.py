@@ -604,14 +604,14 @@ def simulate(cfg: SimConfig) -> SimResult:
         if tracer is not None:
             tracer.cause("move_react" if reacting else "move_strength" if strength else "move_flow",
                          f"{p.peer_id} k={p.k} {p.layers} -> {target}")
-        # Balancing counts it at the target now. It pauses while it loads: a GPU whose memory holds
-        # one range cannot keep the old one (a peer with room for both serves on, peer/server.py
-        # migrate; plan_move lets nobody move whose layers would go dark either way).
-        # Others' balancing sees it leave its old range at once (stay); it serves there until its load
-        # starts, after its react wait and the move's confirmation (mover_serves_while_waiting).
+        # Balancing counts it at the target now, and others see it leave its old range (stay). It
+        # serves there on until its load starts, after its react wait and the move's confirmation
+        # (mover_serves_while_waiting), then pauses while it loads: a GPU whose memory holds one range
+        # cannot keep the old one (a peer with room for both serves on, peer/moves.py migrate;
+        # plan_move lets nobody move whose layers would go dark either way).
         swarm.stay(p.serving, p, -1)
         starts = now + delay + (MOVE_CONFIRM_S if cfg.mover_serves_while_waiting else 0.0)
-        if starts > now and cfg.mover_serves_while_waiting:
+        if cfg.mover_serves_while_waiting:
             p.leaving = p.serving
             p.leaving_cause = "move_react" if reacting else "move_strength" if strength else "move_flow"
         else:
