@@ -97,7 +97,7 @@ def drop_page_cache(path: Path) -> bool:
 @dataclass(frozen=True)
 class Load:
     seconds: float  # until every layer is on the device
-    first_layer_s: float  # until the first layer was (a growing move serves it from then on)
+    first_layer_s: float  # until the first layer was on the device (a growing move serves it from then on)
 
 
 def timed_load(path: Path, layers: int, device: str) -> Load:
@@ -123,6 +123,7 @@ def timed_load(path: Path, layers: int, device: str) -> Load:
 def timed_fastsafetensors(path: Path, device: str) -> float:
     """Seconds for fastsafetensors (parallel reads, no mmap) to read the same files whole onto `device`."""
     from fastsafetensors import SafeTensorsFileLoader, SingleGroup
+
     files = sorted(str(f) for f in path.glob("model-layer-*.safetensors"))
     started = time.perf_counter()
     loader = SafeTensorsFileLoader(SingleGroup(), torch.device(device if ":" in device else f"{device}:0"), nogds=True)
