@@ -324,8 +324,11 @@ def simulate(cfg: SimConfig) -> SimResult:
                     out[layer] -= 1
         return out
 
-    def move_load_s(q: SimPeer, now: float) -> float:
-        """Seconds per layer of q's move: from disk once its prefetch is done (a standby: its host's)."""
+    def move_load_s(q: SimPeer, now: float, refill: bool = False) -> float:
+        """Seconds per layer of q's move: from disk once its prefetch is done (a standby: its host's);
+        `refill` (a GPU peer reacting to a gap or thin layer): SimConfig.refill_load_s_per_layer if set."""
+        if refill and cfg.refill_load_s_per_layer is not None and now >= q.prefetched_at:
+            return cfg.refill_load_s_per_layer
         if cfg.move_load_s_per_layer is None or now < q.prefetched_at:
             return cfg.load_s_per_layer
         return cfg.move_load_s_per_layer
@@ -601,9 +604,9 @@ def simulate(cfg: SimConfig) -> SimResult:
                                     search=cfg.flow_move_search == "always")
         if target is None:
             return False
-        if tracer is not None:
-            tracer.cause("move_react" if reacting else "move_strength" if strength else "move_flow",
-                         f"{p.peer_id} k={p.k} {p.layers} -> {target}")
+        cause = "move_react" if reacting else "move_strength" if strength else "move_flow"
+        if tracer is not None and not cfg.mover_serves_while_waiting:  # else the drop comes at "load_starts"
+            tracer.cause(cause, f"{p.peer_id} k={p.k} {p.layers} -> {target}")
         # Balancing counts it at the target now, and others see it leave its old range (stay). It
         # serves there on until its load starts, after its react wait and the move's confirmation
         # (mover_serves_while_waiting), then pauses while it loads: a GPU whose memory holds one range
@@ -612,8 +615,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.stay(p.serving, p, -1)
         starts = now + delay + (MOVE_CONFIRM_S if cfg.mover_serves_while_waiting else 0.0)
         if cfg.mover_serves_while_waiting:
-            p.leaving = p.serving
-            p.leaving_cause = "move_react" if reacting else "move_strength" if strength else "move_flow"
+            p.leaving, p.leaving_cause = p.serving, cause
         else:
             swarm.serve(p.serving, p, -1)
         p.serving = None
@@ -622,10 +624,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.place(p, +1)
         if p.leaving is not None:
             push(starts, "load_starts", p.peer_id, p.generation)
-        load_s = move_load_s(p, now)
-        if reacting and cfg.refill_load_s_per_layer is not None and now >= p.prefetched_at:
-            load_s = cfg.refill_load_s_per_layer
-        load_gpu_peer(p, starts, load_s, by_layer=cfg.serve_by_layer)
+        load_gpu_peer(p, starts, move_load_s(p, now, refill=reacting), by_layer=cfg.serve_by_layer)
         return True
 
     def stop_serving_old(p: SimPeer) -> None:

@@ -12,9 +12,9 @@ seconds after the host vanished instead of 30-45 s (docs/balancing.md, eighteent
 How long "a while" is depends on the hop (`stall_wait`): a hop whose peer's decode steps have been
 answering in tens of milliseconds (the client's own measure, client/measured.py) is probed after
 STALL_STEP_FACTOR of its usual steps, at least `ClientConfig.stall_probe_min_s` (1 s), and that
-long a probe timeout; a peer not timed yet, a prefill or a stateless forward after `stall_probe_s` (2 s). A vanished host under
-a decoding session is thus seen in about 2 s, not 4 (docs/balancing.md, thirty-fifth session); a slow
-peer (a CPU peer, a far one) keeps the longer waits its own steps ask for.
+long a probe timeout; a peer not timed yet, a prefill or a stateless forward after `stall_probe_s`
+(2 s). A vanished host under a decoding session is thus seen in about 2 s, not 4 (docs/balancing.md,
+thirty-fifth session); a slow peer (a CPU peer, a far one) keeps the longer waits its own steps ask for.
 """
 
 from __future__ import annotations
