@@ -8,7 +8,10 @@ weights are on the GPU, the copy synchronised, as a GPU peer's move loads them):
     evicted with posix_fadvise), a read from the disk;
   * warm: the files already in the page cache (a move back to layers read recently);
 each with the peer's loader (the mapped files read by the host-to-device copy) and, where installed,
-fastsafetensors (parallel reads, no mmap) reading the same files whole, for comparison.
+fastsafetensors (parallel reads, no mmap) reading the same files whole, for comparison; and
+  * pre-read: the page cache dropped, the layers read into it by shards.pre_read (what a peer moving
+    in place does while it still serves its old range: swarm-peer serve --pre-read), then loaded: the
+    load is the time the mover serves nothing.
 The same bytes from a network link take size / bandwidth: printed for 1 Gbit/s for comparison.
 
     .venv/bin/python -m benchmarks.bench_layer_load --layers 2 --repeat 3 [--device cuda]
@@ -31,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from shards.pre_read import pre_read_layers
 from shards.shard import Shard
 
 LLAMA2_70B = dict(
@@ -151,6 +155,8 @@ def main() -> None:
     cold: list[Load] = []
     warm: list[Load] = []
     fast: dict[str, list[float]] = {"cold": [], "warm": []}
+    pre_read_s: list[float] = []  # the page cache dropped, the layers read into it (shards.pre_read) ...
+    after_pre_read: list[Load] = []  # ... and then loaded
     with tempfile.TemporaryDirectory(dir=a.dir) as tmp:
         path = Path(tmp)
         print(f"writing {a.layers} Llama-2-70B-shaped bf16 layers to {path} ...", flush=True)
@@ -166,6 +172,11 @@ def main() -> None:
                 cold.append(timed_load(path, a.layers, a.device))
             timed_load(path, a.layers, a.device)  # into the page cache
             warm.append(timed_load(path, a.layers, a.device))
+            if can_drop and drop_page_cache(path):
+                read = pre_read_layers(path, 0, a.layers, available_bytes=2**50, max_s=3600)
+                if read.skipped is None:
+                    pre_read_s.append(read.seconds)
+                    after_pre_read.append(timed_load(path, a.layers, a.device))
             if use_fast:
                 try:
                     if can_drop and drop_page_cache(path):
@@ -184,6 +195,11 @@ def main() -> None:
         if loads:
             per_layer = statistics.median(x.seconds for x in loads) / a.layers
             rows.append((source, "Shard.from_pretrained", per_layer, statistics.median(x.first_layer_s for x in loads)))
+    if pre_read_s:
+        rows.append(("disk, page cache dropped", "pre_read_layers (into memory)", statistics.median(pre_read_s) / a.layers,
+                     None))
+        rows.append(("after the pre-read", "Shard.from_pretrained", statistics.median(x.seconds for x in after_pre_read)
+                     / a.layers, statistics.median(x.first_layer_s for x in after_pre_read)))
     for source, key in (("disk, page cache dropped", "cold"), ("page cache (warm)", "warm")):
         if fast[key]:
             rows.append((source, "fastsafetensors (whole files)", statistics.median(fast[key]) / a.layers, None))
@@ -194,7 +210,8 @@ def main() -> None:
     result = {"date": date.today().isoformat(), "machine": platform.node(), "cpus": os.cpu_count(), "device": where,
               "layer_gb": per_layer_gb, "layers": a.layers, "repeat": a.repeat,
               "cold": [asdict(x) for x in cold], "warm": [asdict(x) for x in warm],
-              "fastsafetensors_s": fast, "gbit_link_s_per_layer": network}
+              "fastsafetensors_s": fast, "pre_read_s": pre_read_s, "after_pre_read": [asdict(x) for x in after_pre_read],
+              "gbit_link_s_per_layer": network}
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(result, indent=1))
     print(f"wrote {a.json}")

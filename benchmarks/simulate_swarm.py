@@ -192,6 +192,12 @@ class SimConfig:
     # this fast once prefetched, as if it read the layers from memory (the page cache: 0.24 s a 70B layer on
     # an H100 lease, docs/performance.md); None: as any move.
     refill_load_s_per_layer: float | None = None
+    # Before an in-place move frees its old range, the mover reads the target's weight files into the page
+    # cache while it serves on (swarm-peer serve --pre-read; peer/moves.py): "planned" for periodic moves,
+    # "thin" also for refills whose target has a GPU server on every layer (a gap loads at once), "never".
+    # The read takes the move's load time (from disk); the load after it warm_load_s_per_layer a layer.
+    pre_read: str = "never"
+    warm_load_s_per_layer: float = 0.25  # a 70B layer from the page cache onto an H100 (docs/performance.md)
     prefetch_s: float = 0.0  # ... once this long after a joiner first serves (its background prefetch); the first peers at once
     graceful: float = 0.0  # share of departures that drain instead of vanishing
     drain_max_s: float = DRAIN_MAX_S
@@ -622,10 +628,23 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.place(p, -1)
         p.layers, p.generation, p.moved_at = target, p.generation + 1, now
         swarm.place(p, +1)
+        load_s = move_load_s(p, now, refill=reacting)
+        if pre_reads(p, target, now, reacting):
+            starts += p.k * load_s  # serving the old range on while it reads the target into memory
+            load_s = cfg.warm_load_s_per_layer
         if p.leaving is not None:
             push(starts, "load_starts", p.peer_id, p.generation)
-        load_gpu_peer(p, starts, move_load_s(p, now, refill=reacting), by_layer=cfg.serve_by_layer)
+        load_gpu_peer(p, starts, load_s, by_layer=cfg.serve_by_layer)
         return True
+
+    def pre_reads(p: SimPeer, target: LayerRange, now: float, reacting: bool) -> bool:
+        """Does mover p read `target`'s files into memory before it frees its old range (SimConfig.pre_read)?
+        Only from disk (once prefetched), and only while it serves on (mover_serves_while_waiting)."""
+        if cfg.pre_read == "never" or not cfg.mover_serves_while_waiting or now < p.prefetched_at:
+            return False
+        if not reacting:
+            return True
+        return cfg.pre_read == "thin" and all(swarm.online_n[layer] > 0 for layer in range(target.start, target.end))
 
     def stop_serving_old(p: SimPeer) -> None:
         """A mover's old range, served while it waited, is freed: its load starts now."""
@@ -1033,6 +1052,12 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--refill-load-s-per-layer", type=float, default=None,
                     help="a sensitivity: seconds per layer of a GPU peer's move made reacting to a gap or thin layer, "
                          "once prefetched (as if read from memory; default: as --move-load-s-per-layer)")
+    ap.add_argument("--pre-read", choices=("never", "planned", "thin"), default="never",
+                    help="a mover reads its target's files into memory, serving its old range on, before it frees it "
+                         "(swarm-peer serve --pre-read): planned: periodic moves; thin: also refills whose target has a "
+                         "GPU server on every layer; never (the peer before the thirty-seventh session)")
+    ap.add_argument("--warm-load-s-per-layer", type=float, default=0.25,
+                    help="with --pre-read: seconds per layer of the load after the read (the page cache's speed)")
     ap.add_argument("--prefetch-s", type=float, default=0.0,
                     help="with --move-load-s-per-layer: seconds after a joiner first serves until its moves load that fast "
                          "(its background prefetch of the model)")
@@ -1160,6 +1185,7 @@ def main(argv: list[str] | None = None) -> SimResult:
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     load_s_per_layer=a.load_s_per_layer, move_load_s_per_layer=a.move_load_s_per_layer,
                     refill_load_s_per_layer=a.refill_load_s_per_layer,
+                    pre_read=a.pre_read, warm_load_s_per_layer=a.warm_load_s_per_layer,
                     prefetch_s=a.prefetch_s,
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,

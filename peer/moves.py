@@ -8,6 +8,7 @@ the server's, declared below for the reader and the type checker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import threading
@@ -23,6 +24,7 @@ from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
 from routing import gaps_opened_since, may_move
 from shards.config import ModelConfig
+from shards.pre_read import pre_read_layers
 from shards.quant import memory_plan
 from swarm.types import LayerRange, PeerState, SwarmView
 
@@ -33,6 +35,10 @@ logger = logging.getLogger(__name__)
 # decided to leave the same layers at the same moment has announced its move by then (one DHT
 # store and one get on 127.0.0.1 take milliseconds, across the Internet a few hundred).
 MOVE_CONFIRM_S = 1.0
+# A move's pre-read (shards.pre_read) stops after this long and the load reads the rest from disk: the
+# swarm counts the mover at its target from its announcement on, so nobody else comes to help there.
+# Two minutes read 24 layers of a 70B model at 0.3 GB/s, a slow SATA disk's speed.
+PRE_READ_MAX_S = 120.0
 # A moving peer serving each layer as it arrives waits at most this long for the event loop to take
 # each new layer (a fail-over of the old range's sessions and one announcement take well under it).
 GROW_STEP_TIMEOUT_S = 60.0
@@ -77,21 +83,33 @@ class Moves:
         outside `target` lost its last server since (routing.gaps_opened_since: a crash the
         crash watch saw meanwhile): gaps come first, and the next read decides for them.
 
+        A move in place whose target has a GPU server on every layer first reads the target's weight
+        bytes into the page cache (--pre-read, shards.pre_read), serving the old range all the while:
+        its layers then load from memory, a quarter of a disk read's time on an H100 host, and the
+        old range is freed for that much less (docs/balancing.md, thirty-seventh session).
+
         Then the target's layers load in `order` (default: layer order; the balancer passes
         routing.move_load_order, a standby routing.standby_load_order) and each is served as it
         arrives (_move_growing): beside the old range when memory holds both (or --move-mode
         beside), which serves until the first new layer can run; in place otherwise (a GPU filled
-        by its own range, or --move-mode in-place), announced JOINING on the target, the old
-        engine freed first. Open sessions on the old range fail over (a clear retryable error
+        by its own range, or --move-mode in-place), announced JOINING on the target as the old
+        engine is freed first. Open sessions on the old range fail over (a clear retryable error
         frame each). Neither way leaves a gap. A failed load serves the old range again.
         """
         beside = self._room_beside(target)
-        self.loading, self.in_place = target, not beside
+        # Until it frees the old range (in place) or serves a new layer (beside), its record says it
+        # serves the old range and is moving to `target`: balancing counts it there, routes use the old
+        # range's peer last (its sessions fail over at the swap), and the sessions it has go on.
+        self.loading, self.in_place = target, False
         self.still_to_load = tuple(range(target.start, target.end) if order is None else order)
         try:
             await self._announce()
             await asyncio.sleep(MOVE_CONFIRM_S)
             why = self._step_back_reason(await self._balancing_view(), target, decided_on)
+            if why is None and not beside and self._pre_reads(target, decided_on):
+                await self._pre_read(target)
+                # Seconds have passed: a gap that opened meanwhile comes first, as at the confirmation.
+                why = self._step_back_reason(await self._balancing_view(), target, decided_on)
             if why is not None:
                 logger.info("%s: staying on layers %s for now", why, self.layers)
                 self.loading, self.in_place = None, False
@@ -103,6 +121,34 @@ class Moves:
             raise
         await self._move_growing(target, range(target.start, target.end) if order is None else order, beside)
         return True
+
+    def _pre_reads(self, target: LayerRange, decided_on: SwarmView | None) -> bool:
+        """Does this in-place move read `target`'s files into memory before it frees the old range? Not
+        with --no-pre-read, not for a standby (it moves to layers one crash from dark: each second it
+        waits they are unguarded), and not when a layer of the target had no GPU server as the move
+        was decided (a gap: its first layer must light at once, not after the whole target's read)."""
+        if not self.config.pre_read or self.config.standby:
+            return False
+        dark = [] if decided_on is None else decided_on.uncovered_layers(standbys=False)
+        return not any(target.start <= layer < target.end for layer in dark)
+
+    async def _pre_read(self, target: LayerRange) -> None:
+        """Read `target`'s weight bytes into the page cache (off the event loop), the old range serving on."""
+        halted = threading.Event()  # a cancelled move (a drain) stops the read at its next chunk
+        read_ahead = functools.partial(pre_read_layers, self.config.model_path, target.start, target.end,
+                                       available_bytes=available_bytes("cpu"), max_s=PRE_READ_MAX_S,
+                                       halted=halted.is_set)
+        logger.info("reading the weights of layers %s into memory while serving layers %s, so the move's load "
+                    "reads them from there (--no-pre-read: off)", target, self.layers)
+        try:
+            read = await asyncio.get_running_loop().run_in_executor(None, read_ahead)
+        finally:
+            halted.set()
+        if read.bytes_read:
+            logger.info("read %.2f GiB of layers %s into memory in %.1f s%s", read.bytes_read / 2**30, target,
+                        read.seconds, "" if read.skipped is None else f" ({read.skipped}; the rest loads from disk)")
+        else:
+            logger.info("read nothing of layers %s ahead: %s; the move loads from disk", target, read.skipped)
 
     def _step_back_reason(self, view: SwarmView, target: LayerRange, decided_on: SwarmView | None) -> str | None:
         """Why an announced move to `target` must not go on, read on the confirmation's `view`; None: go."""
@@ -134,10 +180,11 @@ class Moves:
             logger.info("moving from layers %s to %s (announced as moving there while loading, serving each layer "
                         "as it arrives: order %s)", old, target, arrival)
         else:
-            logger.info("moving from layers %s to %s in place (%s): announced JOINING there, freeing the old layers "
-                        "first, serving each layer as it arrives: order %s", old, target, self._why_in_place(), arrival)
+            logger.info("moving from layers %s to %s in place (%s): announcing JOINING there, freeing the old "
+                        "layers first, serving each layer as it arrives: order %s", old, target, self._why_in_place(), arrival)
         if not beside:
-            self.moving = True
+            self.moving, self.in_place = True, True
+            await self._announce()  # JOINING on the target: the old range is no longer served
             await self.handler.fail_all("wrong_layers", f"peer is moving from layers {old} to {target}; fail over")
             await self.scheduler.run_exclusive(self._release_engine)
 

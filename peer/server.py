@@ -84,7 +84,7 @@ class PeerServer(Moves):
         self.moving = False  # while True, new sessions are refused (they go to other peers)
         self.loading: LayerRange | None = None  # a move's target while its weights load
         self.still_to_load: tuple[int, ...] = ()  # ... and its layers not yet arrived, in load order
-        self.in_place = False  # that move freed the old layers first (announced JOINING, not moving_to)
+        self.in_place = False  # that move freed the old layers (announced JOINING, not moving_to)
         self.engine: ServingEngine | None = None  # None only while moving in place
         self.limits = Limits(config.limits.max_frame_bytes, config.limits.max_tensor_elements)
         # A crash notice wakes the balancer's watch (Placement.wake) and is passed on (peer/crash_notices.py).
@@ -320,9 +320,9 @@ class PeerServer(Moves):
 
     def record(self) -> PeerRecord:
         cfg = self.config
-        # Moving beside (migrate): the old layers stay ONLINE until the first new one can run, the
-        # target is `moving_to`; then the loaded part is `layers`. Moving in place: nothing is served
-        # until then, the target is JOINING.
+        # Moving (migrate): the old layers stay ONLINE, the target is `moving_to`, until the first new
+        # one can run (beside) or the old ones are freed (in place: from then on the target is JOINING
+        # until its first layer runs); then the loaded part is `layers`.
         layers, state, moving_to = self.layers, self.state, None
         if self.loading is not None and state is PeerState.ONLINE:
             if self.in_place:

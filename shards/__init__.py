@@ -5,6 +5,7 @@ File map:
     config.py      ModelConfig: hyperparameters parsed from a HF config.json; supported / refused families
     errors.py      CheckpointError, UnsupportedModelError
     loading.py     read only the needed tensors from safetensors (+ header checks, fingerprint)
+    pre_read.py    a layer range's bytes read into the page cache before a move's load (--pre-read)
     paging.py      PagePool / PageTable: KV page bookkeeping, metadata only (no torch); pages that
                    slid out of a sliding window are freed (drop_before), the table stays positional
     kv_cache.py    KVCache: the paged K/V tensors of one shard

@@ -45,6 +45,12 @@ def read_header(file: Path) -> dict[str, dict]:
     return header
 
 
+def data_start(file: Path) -> int:
+    """Where the tensor data of a .safetensors file begins: its header's `data_offsets` count from here."""
+    with open(file, "rb") as f:
+        return 8 + struct.unpack("<Q", f.read(8))[0]
+
+
 def tensor_files(folder: Path) -> dict[str, Path]:
     """Map every tensor name in the checkpoint to the file that holds it."""
     folder = Path(folder)
@@ -108,16 +114,13 @@ def fingerprint(files: dict[str, Path], names: Iterable[str], extra: str) -> str
     for name in sorted(names):
         file = files[name]
         if file not in headers:
-            header = read_header(file)
-            with open(file, "rb") as f:
-                data_start = 8 + struct.unpack("<Q", f.read(8))[0]
-            headers[file] = (header, data_start)
-        header, data_start = headers[file]
+            headers[file] = (read_header(file), data_start(file))
+        header, base = headers[file]
         meta = header[name]
         h.update(f"{name}|{meta['dtype']}|{meta['shape']}|".encode())
         begin, end = meta["data_offsets"]
         with open(file, "rb") as f:
             for off in sorted({begin, max(begin, end - _SAMPLE_BYTES)}):
-                f.seek(data_start + off)
+                f.seek(base + off)
                 h.update(f.read(min(_SAMPLE_BYTES, end - off)))
     return h.hexdigest()

@@ -15,11 +15,18 @@ from shards.errors import CheckpointError
 from shards.families import block_class
 from shards.kv_cache import KVCache
 from shards.loading import fingerprint, load_tensors, require, tensor_files
+from shards.quant_checkpoint import QuantFormat, read_quant_format
 from shards.quant_checkpoint import load_block as load_quant_block
-from shards.quant_checkpoint import read_quant_format
 from shards.quant_checkpoint import tensor_names as quant_tensor_names
 from shards.rotary import Rotary
 from shards.streaming import LayerStreamer
+
+
+def layer_tensor_names(config: ModelConfig, layer: int, qformat: QuantFormat | None) -> list[str]:
+    """The names of layer `layer`'s tensors in a checkpoint (`qformat`: read_quant_format of it)."""
+    if qformat is None:
+        return block_class(config, layer).hf_tensor_names(config, layer)
+    return quant_tensor_names(config, layer, qformat)
 
 
 class Shard(nn.Module):
@@ -72,9 +79,7 @@ class Shard(nn.Module):
         qformat = read_quant_format(path)  # None: an ordinary checkpoint; else `swarm-peer quantize`'s
 
         def layer_names(layer: int) -> list[str]:
-            if qformat is None:
-                return block_class(config, layer).hf_tensor_names(config, layer)
-            return quant_tensor_names(config, layer, qformat)
+            return layer_tensor_names(config, layer, qformat)
 
         names = [n for layer in range(start, end) for n in layer_names(layer)]
         require(files, names, path, f"layers {start}:{end}")
