@@ -40,6 +40,7 @@ class SimResult:
     # Layers one crash from dark, each simulated minute: at most one staying GPU server and no
     # standby serving them yet (one loading does not count), time mean.
     exposed_layers_mean: float = 0.0
+    moves_from_memory: int = 0  # moves that loaded layers their peer had read into memory (--pre-read)
     series: dict = field(default_factory=dict)
 
 
@@ -51,7 +52,8 @@ def format_table(r: SimResult) -> str:
         ("coverage (time all layers served)", f"{r.coverage_time_fraction:.4%}"),
         ("uncovered layer-time", f"{r.uncovered_layer_time_fraction:.5%}"),
         ("bottleneck / bound (mean, p10)", f"{r.bottleneck_vs_bound_mean:.1%}, {r.bottleneck_vs_bound_p10:.1%}"),
-        ("migrations per peer per hour", f"{r.migrations_per_peer_hour:.3f} ({r.migrations} moves)"),
+        ("migrations per peer per hour", f"{r.migrations_per_peer_hour:.3f} ({r.migrations} moves, "
+                                         f"{r.moves_from_memory} from memory)"),
         ("joins / departures (graceful, timed out)", f"{r.joins} / {r.departures} ({r.drains}, {r.drains_timed_out})"),
         ("drain time (mean)", "n/a" if r.drain_s_mean is None else f"{r.drain_s_mean:.0f} s"),
         ("max flow / bound; spread routes / bound", "n/a" if r.flow_vs_bound_mean is None else

@@ -33,6 +33,10 @@ class SimPeer:
     # react wait and move confirmation are over and its load starts (peer/moves.py migrate) ...
     leaving: LayerRange | None = None
     leaving_cause: str = ""  # ... and the move's trace cause, for the drop when it stops serving it
+    # A periodic check's target it reads into memory before deciding again (SimConfig.pre_read "silent"),
+    # and the count of such reads (a stale read's end is ignored).
+    pre_reading: LayerRange | None = None
+    pre_read_round: int = 0
 
     @property
     def loading(self) -> bool:

@@ -14,7 +14,10 @@ it adds thr to the throughput of each of its layers. Loading weights takes
 LOAD_S_PER_LAYER * k seconds, during which the peer is JOINING (counted by balancing,
 serves no routes). --move-load-s-per-layer gives moves (a GPU peer's or a standby's) their own
 speed, from --prefetch-s after a joiner first serves: peers that prefetched the model
-(swarm-peer serve --prefetch) read a move's layers from disk, not the network.
+(swarm-peer serve --prefetch) read a move's layers from disk, not the network. --pre-read silent: a
+GPU peer's periodic check first reads its move's target into memory at that speed, announcing nothing
+and serving on, then decides again, and a target inside what it read loads at --warm-load-s-per-layer
+(swarm-peer serve --pre-read; --pre-read announced: read after the announcement, worse).
 Lifetimes are exponential at rate `churn` per hour; arrivals are Poisson
 at peers * churn per hour, so the population stays near `peers`. A share `graceful` of the
 departures drain (swarm-peer drain / SIGTERM): the peer turns DRAINING, leaves balancing's
@@ -192,10 +195,13 @@ class SimConfig:
     # this fast once prefetched, as if it read the layers from memory (the page cache: 0.24 s a 70B layer on
     # an H100 lease, docs/performance.md); None: as any move.
     refill_load_s_per_layer: float | None = None
-    # Before an in-place move frees its old range, the mover reads the target's weight files into the page
-    # cache while it serves on (swarm-peer serve --pre-read; peer/moves.py): "planned" for periodic moves,
-    # "thin" also for refills whose target has a GPU server on every layer (a gap loads at once), "never".
-    # The read takes the move's load time (from disk); the load after it warm_load_s_per_layer a layer.
+    # A GPU peer's move reads its target's weight files into the page cache before it frees its old range,
+    # at the move's load speed (from disk), and then loads at warm_load_s_per_layer a layer. "silent": a
+    # periodic check's move, before it is announced: the peer reads, then decides again on the swarm of
+    # then (reacting to a gap or thin layer meanwhile drops the read), and a target inside what it read
+    # loads from memory (swarm-peer serve --pre-read; peer/balancer.py). Tried, and worse: "announced", a
+    # periodic move read after its announcement and confirmation, balancing counting the mover at its
+    # target meanwhile (its old range looks thin to the others all along). "never": no reads.
     pre_read: str = "never"
     warm_load_s_per_layer: float = 0.25  # a 70B layer from the page cache onto an H100 (docs/performance.md)
     prefetch_s: float = 0.0  # ... once this long after a joiner first serves (its background prefetch); the first peers at once
@@ -300,6 +306,7 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     standbys: dict[str, SimPeer] = {}  # by host peer id; `layers` is where it is placed (loading or serving)
     standby_moves = 0
+    moves_from_memory = 0  # GPU peers' moves that loaded what they had read into memory (SimConfig.pre_read)
 
     def view_servers() -> list[int]:
         """layer_servers as the DHT view shows them: an abruptly gone peer's record lingers until it expires."""
@@ -570,9 +577,12 @@ def simulate(cfg: SimConfig) -> SimResult:
             view_flow[:] = [swarm.placements, swarm_flow(placed_without(None), num_layers)]
         return view_flow[1]
 
-    def try_move(p: SimPeer, now: float, delay: float = 0.0, reacting: bool = False) -> bool:
-        """Balance check of p (`reacting`: to a gap or thin layer); a move decided now starts loading
-        after `delay` (its react wait)."""
+    def try_move(p: SimPeer, now: float, delay: float = 0.0, reacting: bool = False, plan_only: bool = False,
+                 warm: LayerRange | None = None) -> LayerRange | None:
+        """Balance check of p (`reacting`: to a gap or thin layer): the target it moves to, or None; a move
+        decided now starts loading after `delay` (its react wait). `plan_only`: decide, do not move.
+        `warm`: layers p read into memory (SimConfig.pre_read "silent"): a target inside loads from there."""
+        nonlocal moves_from_memory
         others, counted = _balance_arrays(swarm, p.k, cfg, counts)
         others, counted = others[:], None if counted is None else counted[:]
         for layer in range(p.layers.start, p.layers.end):
@@ -608,8 +618,8 @@ def simulate(cfg: SimConfig) -> SimResult:
             target = plan_flow_move(others_placed, num_layers, p.layers, p.thr * p.k, others, online, staying,
                                     swarm.thin_limit(), shared_flow(), gain, tier_crossing=crossing,
                                     search=cfg.flow_move_search == "always")
-        if target is None:
-            return False
+        if target is None or plan_only:
+            return target
         cause = "move_react" if reacting else "move_strength" if strength else "move_flow"
         if tracer is not None and not cfg.mover_serves_while_waiting:  # else the drop comes at "load_starts"
             tracer.cause(cause, f"{p.peer_id} k={p.k} {p.layers} -> {target}")
@@ -628,23 +638,24 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.place(p, -1)
         p.layers, p.generation, p.moved_at = target, p.generation + 1, now
         swarm.place(p, +1)
+        p.pre_reading = None  # a silent pre-read's peer that reacts meanwhile drops it
         load_s = move_load_s(p, now, refill=reacting)
-        if pre_reads(p, target, now, reacting):
+        if warm is not None and warm.covers(target):
+            load_s, moves_from_memory = cfg.warm_load_s_per_layer, moves_from_memory + 1
+        elif pre_reads(p, now, reacting):
             starts += p.k * load_s  # serving the old range on while it reads the target into memory
-            load_s = cfg.warm_load_s_per_layer
+            load_s, moves_from_memory = cfg.warm_load_s_per_layer, moves_from_memory + 1
         if p.leaving is not None:
             push(starts, "load_starts", p.peer_id, p.generation)
         load_gpu_peer(p, starts, load_s, by_layer=cfg.serve_by_layer)
-        return True
+        return target
 
-    def pre_reads(p: SimPeer, target: LayerRange, now: float, reacting: bool) -> bool:
-        """Does mover p read `target`'s files into memory before it frees its old range (SimConfig.pre_read)?
-        Only from disk (once prefetched), and only while it serves on (mover_serves_while_waiting)."""
-        if cfg.pre_read == "never" or not cfg.mover_serves_while_waiting or now < p.prefetched_at:
-            return False
-        if not reacting:
-            return True
-        return cfg.pre_read == "thin" and all(swarm.online_n[layer] > 0 for layer in range(target.start, target.end))
+    def pre_reads(p: SimPeer, now: float, reacting: bool) -> bool:
+        """Does mover p, its periodic move announced, read the target's files into memory before it frees its
+        old range (SimConfig.pre_read "announced")? Only from disk (once prefetched), and only while it
+        serves on (mover_serves_while_waiting)."""
+        return (cfg.pre_read == "announced" and not reacting and cfg.mover_serves_while_waiting
+                and now >= p.prefetched_at)
 
     def stop_serving_old(p: SimPeer) -> None:
         """A mover's old range, served while it waited, is freed: its load starts now."""
@@ -726,6 +737,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         if kind == "measure":  # warm-up over: count from here
             warmup_moves = migrations
             joins = departures = migrations = routes_failed = drains = drains_timed_out = standby_moves = 0
+            moves_from_memory = 0
             uncovered_time = uncovered_layer_time = peer_seconds = standby_only_time = standby_seconds = 0.0
             for values in (ratios, route_costs, route_hops, plan_ms, drain_s, flow_ratios, spread_ratios,
                            load_spreads, sole_counts, exposed_counts):
@@ -821,11 +833,27 @@ def simulate(cfg: SimConfig) -> SimResult:
             push(now + rng.uniform(0.5, 1.5) * cfg.balance_period_s, "balance", pid)
             if p.loading or p.draining:
                 continue  # still loading: judge the range once it serves
+            if cfg.pre_read == "silent" and now >= p.prefetched_at:
+                # It reads the target into memory first, announcing nothing, and decides again after.
+                target = try_move(p, now, plan_only=True)
+                if target is not None:
+                    p.pre_reading, p.pre_read_round = target, p.pre_read_round + 1
+                    push(now + p.k * move_load_s(p, now), "pre_read_done", pid, p.pre_read_round)
+                continue
             if try_move(p, now):
                 migrations += 1
                 wake_standbys(now)
                 if cfg.thin:
                     maybe_react(now, 0.0)  # its old layers may be thin while it loads: others see it
+        elif kind == "pre_read_done" and p is not None and p.pre_reading is not None and gen == p.pre_read_round:
+            warm, p.pre_reading = p.pre_reading, None
+            if p.loading or p.draining:
+                continue
+            if try_move(p, now, warm=warm):
+                migrations += 1
+                wake_standbys(now)
+                if cfg.thin:
+                    maybe_react(now, 0.0)
         elif kind == "standby_round":
             standby_round(now)
         elif kind == "standby_online":
@@ -920,6 +948,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         joins=joins,
         departures=departures,
         migrations=migrations,
+        moves_from_memory=moves_from_memory,
         drains=drains,
         drains_timed_out=drains_timed_out,
         drain_s_mean=mean(drain_s),
@@ -1052,10 +1081,10 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--refill-load-s-per-layer", type=float, default=None,
                     help="a sensitivity: seconds per layer of a GPU peer's move made reacting to a gap or thin layer, "
                          "once prefetched (as if read from memory; default: as --move-load-s-per-layer)")
-    ap.add_argument("--pre-read", choices=("never", "planned", "thin"), default="never",
-                    help="a mover reads its target's files into memory, serving its old range on, before it frees it "
-                         "(swarm-peer serve --pre-read): planned: periodic moves; thin: also refills whose target has a "
-                         "GPU server on every layer; never (the peer before the thirty-seventh session)")
+    ap.add_argument("--pre-read", choices=("never", "silent", "announced"), default="never",
+                    help="a GPU peer's periodic move reads its target's files into memory, serving its old range on, "
+                         "before it frees it: silent: before announcing it, then decides again (swarm-peer serve "
+                         "--pre-read); announced: after announcing it; never (the peer before the thirty-seventh session)")
     ap.add_argument("--warm-load-s-per-layer", type=float, default=0.25,
                     help="with --pre-read: seconds per layer of the load after the read (the page cache's speed)")
     ap.add_argument("--prefetch-s", type=float, default=0.0,

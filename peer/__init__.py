@@ -4,7 +4,7 @@
 - `server.py`: `PeerServer`, the process's life: join DHT, build the engine (a self-placing peer's
   growing as its layers arrive), announce, stop cleanly.
 - `moves.py`: `Moves` (a mixin of `PeerServer`): `migrate` to another range, beside or in place,
-  serving each layer as it arrives.
+  serving each layer as it arrives; `pre_read`, a range's weights into the page cache beforehand.
 - `engine.py`: `ServingEngine`, the served model state (shard, KV cache, page outputs, CUDA graphs)
   and its one `run_batch` (decode-only batches on CUDA replay graphs; the rest runs eagerly).
 - `handler.py`: the `layerswarm/v1` stream protocol (info, forward, open, step, push, truncate, close,
@@ -13,7 +13,8 @@
 - `prefix_cache.py`, `page_outputs.py`: prefix sharing (page hashes, LRU of cached pages, stored outputs).
 - `rate_limit.py`: steps per second per client.
 - `balancer.py`, `memory.py`: choosing and moving the served layers (given a `Placement` of callables,
-  not the server; a `--standby` peer follows the layers one crash would leave dark); how many layers fit.
+  not the server; a periodic move's layers read into memory first; a `--standby` peer follows the
+  layers one crash would leave dark); how many layers fit.
 - `prefetch.py`: a self-placing peer of a Hub model fetches every layer's files in the background, so
   its moves load from disk.
 - `scheduler.py`: continuous batching of many sessions' steps into one forward pass.

@@ -3,7 +3,8 @@
 
 The decisions are pure functions of `routing` (a check's whole decision: `routing.balance_check`);
 this file only feeds them fresh views (and the time since its last move, and whether the check is
-periodic or a reaction to a hole) and acts on their answers.
+periodic or a reaction to a hole) and acts on their answers. A periodic check's move first reads
+its layers into memory (Placement.pre_read, --pre-read) and is decided again after the read.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import logging
 import os
 import random
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -71,6 +73,9 @@ class Placement:
     # (target, load order or None, the view it was decided on) -> False when it stepped back (Moves.migrate)
     migrate: Callable[[LayerRange, Sequence[int] | None, SwarmView | None], Awaitable[bool]]
     open_sessions: Callable[[], int]  # sessions open here now (a standby that has any is in use: it stays)
+    # (target, halted) -> read target's weights into the page cache until done or halted (Moves.pre_read);
+    # None: no pre-reads
+    pre_read: Callable[[LayerRange, threading.Event], Awaitable[object]] | None = None
     # Set by a crash notice (peer/crash_notices.py): the watch reads the view now, not at its next period.
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -112,21 +117,19 @@ async def balance_loop(placement: Placement) -> None:
         try:
             view = woke or await placement.fetch_view()
             decided_on = urgent_layers(view)
-            if placement.peer_id() not in view.records:
-                continue  # our own record is not visible yet; decide on the next round
-            me = placement.peer_id()
             since = None if last_move is None else loop.time() - last_move
-            decision = balance_check(view, me, since_last_move_s=since, periodic=woke is None,
-                                     my_throughput=placement.throughput(), quality=cfg.balance_quality)
-            if decision.held is not None:
-                logger.info("layers %s are weaker than ours by strength, but moving there would neither give a "
-                            "layer with one server a second nor raise the swarm's max flow: staying", decision.held)
-            target = decision.target
-            if decision.kind is not MoveKind.STRENGTH and forced is not None and covered_without(view, me):
-                target, forced = forced, None
-            if target is not None and decision.kind is not MoveKind.STRENGTH:
-                logger.info("the swarm's max flow runs dry in %s: moving there from %s cuts what it lacks for a "
-                            "higher flow (routing.flow_move)", target, placement.layers())
+            unused = forced
+            target, forced = _decide(placement, view, since, woke is None, forced)
+            if target is not None and woke is None and pre_reads_first(placement, view, target):
+                # A periodic move is no hurry: read its layers into memory first, announcing nothing and
+                # serving on, then decide again on the swarm of then (a move inside what was read loads
+                # at the page cache's speed). A crash notice meanwhile stops the read: gaps come first.
+                if not await pre_read_unless_woken(placement, target):
+                    continue
+                view = await placement.fetch_view()
+                decided_on = urgent_layers(view)
+                since = None if last_move is None else loop.time() - last_move
+                target, forced = _decide(placement, view, since, True, unused)
             if target is not None:
                 # Gaps and thin layers first, each served as it arrives (routing.move_load_order).
                 if await placement.migrate(target, move_load_order(view, placement.peer_id(), target), view):
@@ -138,6 +141,56 @@ async def balance_loop(placement: Placement) -> None:
             raise
         except Exception:
             logger.exception("balancing round failed; staying on layers %s", placement.layers())
+
+
+def _decide(placement: Placement, view: SwarmView, since_last_move_s: float | None, periodic: bool,
+            forced: LayerRange | None) -> tuple[LayerRange | None, LayerRange | None]:
+    """One balance check on `view` (routing.balance_check): the target to move to or None, and the
+    forced flow move still unused (TEST_FLOW_MOVE_ENV)."""
+    me = placement.peer_id()
+    if me not in view.records:
+        return None, forced  # our own record is not visible yet; decide on the next round
+    decision = balance_check(view, me, since_last_move_s=since_last_move_s, periodic=periodic,
+                             my_throughput=placement.throughput(), quality=placement.config.balance_quality)
+    if decision.held is not None:
+        logger.info("layers %s are weaker than ours by strength, but moving there would neither give a "
+                    "layer with one server a second nor raise the swarm's max flow: staying", decision.held)
+    target = decision.target
+    if decision.kind is not MoveKind.STRENGTH and forced is not None and covered_without(view, me):
+        target, forced = forced, None
+    if target is not None and decision.kind is not MoveKind.STRENGTH:
+        logger.info("the swarm's max flow runs dry in %s: moving there from %s cuts what it lacks for a "
+                    "higher flow (routing.flow_move)", target, placement.layers())
+    return target, forced
+
+
+def pre_reads_first(placement: Placement, view: SwarmView, target: LayerRange) -> bool:
+    """Does a periodic move to `target` read it into memory first (--pre-read)? Not when a layer of it
+    has no GPU server: a gap's first layer must light at once, not after the whole target's read."""
+    if placement.pre_read is None or not placement.config.pre_read:
+        return False
+    return not any(target.start <= layer < target.end for layer in view.uncovered_layers(standbys=False))
+
+
+async def pre_read_unless_woken(placement: Placement, target: LayerRange) -> bool:
+    """Read `target` into memory (placement.pre_read); True once read, False when a crash notice
+    (placement.wake, left set for the next watch) came first and stopped it."""
+    assert placement.pre_read is not None
+    logger.info("moving to layers %s would help the swarm: reading their weights into memory first while "
+                "serving layers %s, then deciding again (--no-pre-read: off)", target, placement.layers())
+    halted = threading.Event()
+    reading = asyncio.ensure_future(placement.pre_read(target, halted))
+    woken = asyncio.ensure_future(placement.wake.wait())
+    try:
+        await asyncio.wait({reading, woken}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        halted.set()  # the read stops at its next chunk (milliseconds) if it is still going
+        woken.cancel()
+        await asyncio.gather(reading, woken, return_exceptions=True)
+    if placement.wake.is_set():
+        logger.info("a crash notice came while reading layers %s: deciding on it first", target)
+        return False
+    return not reading.cancelled() and reading.exception() is None
 
 
 def forced_flow_move() -> LayerRange | None:

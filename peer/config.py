@@ -97,8 +97,8 @@ class PeerConfig:
     # How a move loads its new range: "beside" the old one (serving on; needs memory for both),
     # "in-place" (free the old range first), or "auto" (beside when free memory holds it).
     move_mode: str = "auto"
-    # An in-place move first reads its target's weights into the page cache, serving the old range
-    # meanwhile, unless the target has a gap (peer/moves.py _pre_reads; --no-pre-read: off).
+    # A periodic check's move first reads its target's weights into the page cache, serving on and
+    # announcing nothing, then decides again (peer/balancer.py pre_read_unless_woken; --no-pre-read: off).
     pre_read: bool = True
     # A slow safety net (swarm-peer serve --standby): self-places on the layers one crash would
     # leave dark (routing.standby_layers); others' balancing ignores it, clients use it last.

@@ -24,7 +24,7 @@ from peer.scheduler import BatchScheduler
 from peer.sessions import SessionRegistry
 from routing import gaps_opened_since, may_move
 from shards.config import ModelConfig
-from shards.pre_read import pre_read_layers
+from shards.pre_read import PreRead, pre_read_layers
 from shards.quant import memory_plan
 from swarm.types import LayerRange, PeerState, SwarmView
 
@@ -35,8 +35,8 @@ logger = logging.getLogger(__name__)
 # decided to leave the same layers at the same moment has announced its move by then (one DHT
 # store and one get on 127.0.0.1 take milliseconds, across the Internet a few hundred).
 MOVE_CONFIRM_S = 1.0
-# A move's pre-read (shards.pre_read) stops after this long and the load reads the rest from disk: the
-# swarm counts the mover at its target from its announcement on, so nobody else comes to help there.
+# A pre-read (shards.pre_read) stops after this long, and a move there reads the rest from disk: the
+# balance check that asked for it decides again once it is over, on a view as old as the read.
 # Two minutes read 24 layers of a 70B model at 0.3 GB/s, a slow SATA disk's speed.
 PRE_READ_MAX_S = 120.0
 # A moving peer serving each layer as it arrives waits at most this long for the event loop to take
@@ -83,11 +83,6 @@ class Moves:
         outside `target` lost its last server since (routing.gaps_opened_since: a crash the
         crash watch saw meanwhile): gaps come first, and the next read decides for them.
 
-        A move in place whose target has a GPU server on every layer first reads the target's weight
-        bytes into the page cache (--pre-read, shards.pre_read), serving the old range all the while:
-        its layers then load from memory, a quarter of a disk read's time on an H100 host, and the
-        old range is freed for that much less (docs/balancing.md, thirty-seventh session).
-
         Then the target's layers load in `order` (default: layer order; the balancer passes
         routing.move_load_order, a standby routing.standby_load_order) and each is served as it
         arrives (_move_growing): beside the old range when memory holds both (or --move-mode
@@ -106,10 +101,6 @@ class Moves:
             await self._announce()
             await asyncio.sleep(MOVE_CONFIRM_S)
             why = self._step_back_reason(await self._balancing_view(), target, decided_on)
-            if why is None and not beside and self._pre_reads(target, decided_on):
-                await self._pre_read(target)
-                # Seconds have passed: a gap that opened meanwhile comes first, as at the confirmation.
-                why = self._step_back_reason(await self._balancing_view(), target, decided_on)
             if why is not None:
                 logger.info("%s: staying on layers %s for now", why, self.layers)
                 self.loading, self.in_place = None, False
@@ -122,33 +113,19 @@ class Moves:
         await self._move_growing(target, range(target.start, target.end) if order is None else order, beside)
         return True
 
-    def _pre_reads(self, target: LayerRange, decided_on: SwarmView | None) -> bool:
-        """Does this in-place move read `target`'s files into memory before it frees the old range? Not
-        with --no-pre-read, not for a standby (it moves to layers one crash from dark: each second it
-        waits they are unguarded), and not when a layer of the target had no GPU server as the move
-        was decided (a gap: its first layer must light at once, not after the whole target's read)."""
-        if not self.config.pre_read or self.config.standby:
-            return False
-        dark = [] if decided_on is None else decided_on.uncovered_layers(standbys=False)
-        return not any(target.start <= layer < target.end for layer in dark)
-
-    async def _pre_read(self, target: LayerRange) -> None:
-        """Read `target`'s weight bytes into the page cache (off the event loop), the old range serving on."""
-        halted = threading.Event()  # a cancelled move (a drain) stops the read at its next chunk
+    async def pre_read(self, target: LayerRange, halted: threading.Event) -> PreRead:
+        """Read `target`'s weight bytes into the page cache off the event loop (shards.pre_read), serving
+        on meanwhile: a move there then loads from memory. Stops at its next chunk once `halted` is set."""
         read_ahead = functools.partial(pre_read_layers, self.config.model_path, target.start, target.end,
                                        available_bytes=available_bytes("cpu"), max_s=PRE_READ_MAX_S,
                                        halted=halted.is_set)
-        logger.info("reading the weights of layers %s into memory while serving layers %s, so the move's load "
-                    "reads them from there (--no-pre-read: off)", target, self.layers)
-        try:
-            read = await asyncio.get_running_loop().run_in_executor(None, read_ahead)
-        finally:
-            halted.set()
+        read = await asyncio.get_running_loop().run_in_executor(None, read_ahead)
         if read.bytes_read:
-            logger.info("read %.2f GiB of layers %s into memory in %.1f s%s", read.bytes_read / 2**30, target,
-                        read.seconds, "" if read.skipped is None else f" ({read.skipped}; the rest loads from disk)")
+            logger.info("read %.1f MiB of layers %s into memory in %.1f s%s", read.bytes_read / 2**20, target,
+                        read.seconds, "" if read.skipped is None else f" ({read.skipped})")
         else:
-            logger.info("read nothing of layers %s ahead: %s; the move loads from disk", target, read.skipped)
+            logger.info("read nothing of layers %s ahead: %s", target, read.skipped)
+        return read
 
     def _step_back_reason(self, view: SwarmView, target: LayerRange, decided_on: SwarmView | None) -> str | None:
         """Why an announced move to `target` must not go on, read on the confirmation's `view`; None: go."""

@@ -222,6 +222,7 @@ class PeerServer(Moves):
             layers=lambda: self.layers,
             throughput=lambda: self.throughput,
             migrate=self.migrate,
+            pre_read=self.pre_read,
             open_sessions=lambda: len(self.registry.sessions),  # read only once serving (the balance loops)
             wake=self.wake,
         )

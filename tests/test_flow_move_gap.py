@@ -59,6 +59,10 @@ def test_a_sole_server_a_flow_move_left_next_to_a_gap_fills_it(tiny_model_factor
                        f"the mover's flow move to {FLOW_MOVE}", poll=0.5)
             log = mover.log_text()
             assert f"the swarm's max flow runs dry in {FLOW_MOVE}: moving there from 15:30" in log, mover.log_tail()
+            # A periodic move: its layers were read into memory first (--pre-read), then decided on again.
+            read = log.index(f"of layers {FLOW_MOVE} into memory in")
+            assert log.index(f"moving to layers {FLOW_MOVE} would help the swarm: reading") < read, mover.log_tail()
+            assert read < log.index(f"moving from layers 15:30 to {FLOW_MOVE}"), mover.log_tail()
             now = serving(node, name)
             assert now == {first.peer_id: LayerRange(0, 15), mover.peer_id: FLOW_MOVE,
                            second.peer_id: LayerRange(15, 30)}, now
