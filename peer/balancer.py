@@ -190,7 +190,8 @@ async def pre_read_unless_woken(placement: Placement, target: LayerRange) -> boo
     if placement.wake.is_set():
         logger.info("a crash notice came while reading layers %s: deciding on it first", target)
         return False
-    return not reading.cancelled() and reading.exception() is None
+    reading.result()  # a read that failed fails the round (the loop logs it); shards.pre_read never raises
+    return True
 
 
 def forced_flow_move() -> LayerRange | None:

@@ -142,6 +142,10 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
             server.config = dataclasses.replace(server.config, move_mode="in-place")
             server.announced.clear()
             assert await server.migrate(LayerRange(0, 4), [3, 2, 1, 0]) is True
+            # Through the move's confirmation it serves 4:8 on, announced as moving to 0:4; JOINING there
+            # only as it frees 4:8.
+            first = server.announced[0]
+            assert (first.state, first.layers, first.moving_to) == (PeerState.ONLINE, LayerRange(4, 8), LayerRange(0, 4))
             assert any(r.state is PeerState.JOINING and r.layers == LayerRange(0, 4) and r.loading_order == (3, 2, 1, 0)
                        for r in server.announced)
             partial = partial_records(server, LayerRange(0, 4))
