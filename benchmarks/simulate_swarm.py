@@ -216,9 +216,6 @@ class SimConfig:
     stagger: bool = True  # windows straddle boundaries few windows cross (routing.balance.STAGGER_WEIGHT)
     warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
     standby_share: float = 0.0  # share of peers also running a standby in host memory (swarm-peer serve --standby)
-    # A GPU peer whose standby (on its host) serves a layer no GPU peer serves decides first on such a gap,
-    # and the layers of its move that its standby holds load from host memory (warm_load_s_per_layer).
-    standby_host_refills: bool = False
     # A resident layer's step over a streamed one's on a standby's host GPU (--stream-weights): the
     # standby carries this times its host's thr x k, shared by the m layers only it serves (0: none, a
     # CPU's share). Measurement only: it changes the max-flow sample, nothing else.
@@ -643,11 +640,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.place(p, +1)
         p.pre_reading = None  # a silent pre-read's peer that reacts meanwhile drops it
         load_s = move_load_s(p, now, refill=reacting)
-        held = standby_held(p, target) if reacting and cfg.standby_host_refills else 0
-        if held:  # the layers its standby holds come from host memory, the rest from disk
-            load_s = (held * cfg.warm_load_s_per_layer + (p.k - held) * load_s) / p.k
-            moves_from_memory += 1
-        elif warm is not None and warm.covers(target):
+        if warm is not None and warm.covers(target):
             load_s, moves_from_memory = cfg.warm_load_s_per_layer, moves_from_memory + 1
         elif pre_reads(p, now, reacting):
             starts += p.k * load_s  # serving the old range on while it reads the target into memory
@@ -656,14 +649,6 @@ def simulate(cfg: SimConfig) -> SimResult:
             push(starts, "load_starts", p.peer_id, p.generation)
         load_gpu_peer(p, starts, load_s, by_layer=cfg.serve_by_layer)
         return target
-
-    def standby_held(p: SimPeer, target: LayerRange) -> int:
-        """How many of `target`'s layers the standby on p's host has loaded (0: none, or no standby)."""
-        sb = standbys.get(p.peer_id)
-        served = None if sb is None else sb.served
-        if served is None:
-            return 0
-        return max(0, min(served.end, target.end) - max(served.start, target.start))
 
     def pre_reads(p: SimPeer, now: float, reacting: bool) -> bool:
         """Does mover p, its periodic move announced, read the target's files into memory before it frees its
@@ -835,13 +820,6 @@ def simulate(cfg: SimConfig) -> SimResult:
                         if q.serving is not None and any(swarm.staying_n[layer] == 2 and not (guarded and guarded[layer])
                                                          for layer in range(q.serving.start, q.serving.end)):
                             delay[q.peer_id] += REACT_DELAY_PER_LAYER_S
-                if cfg.standby_host_refills and swarm.gpu_uncovered:
-                    # A peer whose standby serves a gap's layers loads them from host memory: first.
-                    for q in candidates:
-                        sb = standbys.get(q.peer_id)
-                        held = None if sb is None else sb.served
-                        if held is not None and 0 in swarm.online_n[held.start:held.end]:
-                            delay[q.peer_id] = 0.0
                 candidates.sort(key=lambda q: delay[q.peer_id])
             for q in candidates:
                 if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
@@ -1108,10 +1086,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                          "before it frees it: silent: before announcing it, then decides again (swarm-peer serve "
                          "--pre-read); announced: after announcing it; never (the peer before the thirty-seventh session)")
     ap.add_argument("--warm-load-s-per-layer", type=float, default=0.25,
-                    help="with --pre-read or --standby-host-refills: seconds per layer of a load from host memory")
-    ap.add_argument("--standby-host-refills", action="store_true",
-                    help="a GPU peer whose standby serves a gap's layers decides first and loads the layers its "
-                         "standby holds from host memory")
+                    help="with --pre-read: seconds per layer of the load after the read (the page cache's speed)")
     ap.add_argument("--prefetch-s", type=float, default=0.0,
                     help="with --move-load-s-per-layer: seconds after a joiner first serves until its moves load that fast "
                          "(its background prefetch of the model)")
@@ -1240,7 +1215,6 @@ def main(argv: list[str] | None = None) -> SimResult:
                     load_s_per_layer=a.load_s_per_layer, move_load_s_per_layer=a.move_load_s_per_layer,
                     refill_load_s_per_layer=a.refill_load_s_per_layer,
                     pre_read=a.pre_read, warm_load_s_per_layer=a.warm_load_s_per_layer,
-                    standby_host_refills=a.standby_host_refills,
                     prefetch_s=a.prefetch_s,
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
