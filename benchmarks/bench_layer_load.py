@@ -9,9 +9,9 @@ weights are on the GPU, the copy synchronised, as a GPU peer's move loads them):
   * warm: the files already in the page cache (a move back to layers read recently);
 each with the peer's loader (the mapped files read by the host-to-device copy) and, where installed,
 fastsafetensors (parallel reads, no mmap) reading the same files whole, for comparison; and
-  * pre-read: the page cache dropped, the layers read into it by shards.pre_read (what a peer moving
-    in place does while it still serves its old range: swarm-peer serve --pre-read), then loaded: the
-    load is the time the mover serves nothing.
+  * pre-read: the page cache dropped, the layers read into it by shards.pre_read (what a peer does for a
+    periodic move before it makes it, serving on: swarm-peer serve --pre-read), then loaded: the load is
+    the time a mover in place serves nothing.
 The same bytes from a network link take size / bandwidth: printed for 1 Gbit/s for comparison.
 
     .venv/bin/python -m benchmarks.bench_layer_load --layers 2 --repeat 3 [--device cuda]

@@ -199,7 +199,8 @@ class SimConfig:
     # at the move's load speed (from disk), and then loads at warm_load_s_per_layer a layer. "silent": a
     # periodic check's move, before it is announced: the peer reads, then decides again on the swarm of
     # then (reacting to a gap or thin layer meanwhile drops the read), and a target inside what it read
-    # loads from memory (swarm-peer serve --pre-read; peer/balancer.py). Tried, and worse: "announced", a
+    # loads from memory (swarm-peer serve --pre-read; peer/balancer.py, which also moves at once into a
+    # target with a gap: rare at a periodic check, reactions come first; not modelled). Tried, and worse: "announced", a
     # periodic move read after its announcement and confirmation, balancing counting the mover at its
     # target meanwhile (its old range looks thin to the others all along). "never": no reads.
     pre_read: str = "never"

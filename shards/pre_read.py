@@ -1,11 +1,11 @@
 """Read a layer range's weight bytes into the OS page cache ahead of its load (swarm-peer serve --pre-read).
 
 A peer that moves in place frees its old layers and then loads the new ones: until they arrive the
-swarm is weaker by the mover's range. A 70B layer reaches an H100 in about 1 s from its lease's disk
-and in 0.24 s from the page cache (docs/performance.md), so a mover that first reads its target's
-bytes into memory, serving its old range all the while, is down a quarter as long
-(docs/balancing.md, thirty-seventh session). The load then reads the same files through
-safetensors' memory map and finds them resident.
+swarm is weaker by the mover's range. A 70B layer reaches an H100 in 1.1 s from its lease's disk and
+in 0.23 s from the page cache (docs/performance.md, thirty-seventh session), so a peer that reads a
+periodic move's target into memory first, serving on (peer/balancer.py), gives its old range up for
+a fifth as long. The load then reads the same files through safetensors' memory map and finds them
+resident.
 
 Only the tensors of the asked layers are read, file by file in offset order, in bounded chunks into
 one reused buffer: the bytes land in the page cache, not in this process.
