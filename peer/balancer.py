@@ -165,7 +165,7 @@ def _decide(placement: Placement, view: SwarmView, since_last_move_s: float | No
 
 
 def pre_reads_first(placement: Placement, view: SwarmView, target: LayerRange) -> bool:
-    """Does a periodic move to `target` read it into memory first (--pre-read)? Not when a layer of it
+    """Does a periodic move to `target` read it into memory first (--pre-read, off by default)? Not when a layer of it
     has no GPU server: a gap's first layer must light at once, not after the whole target's read."""
     if placement.pre_read is None or not placement.config.pre_read:
         return False

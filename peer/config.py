@@ -98,8 +98,10 @@ class PeerConfig:
     # "in-place" (free the old range first), or "auto" (beside when free memory holds it).
     move_mode: str = "auto"
     # A periodic check's move first reads its target's weights into the page cache, serving on and
-    # announcing nothing, then decides again (peer/balancer.py pre_read_unless_woken; --no-pre-read: off).
-    pre_read: bool = True
+    # announcing nothing, then decides again (peer/balancer.py pre_read_unless_woken; --pre-read). Off by
+    # default: fewer moves, each a fifth as long out, but 1.2 points less flow at 2,000 simulated peers
+    # (docs/balancing.md, thirty-seventh session).
+    pre_read: bool = False
     # A slow safety net (swarm-peer serve --standby): self-places on the layers one crash would
     # leave dark (routing.standby_layers); others' balancing ignores it, clients use it last.
     standby: bool = False

@@ -48,7 +48,7 @@ def test_a_sole_server_a_flow_move_left_next_to_a_gap_fills_it(tiny_model_factor
         # needed), so nothing but the forced flow move happens before the crash; a gap is
         # infinitely weak, so the move after it is unchanged.
         mover = swarm.start_peer(model_path, None, "--num-layers", "15", "--balance-period", "2", "--move-mode",
-                                 "in-place", "--balance-quality", "0.3", "--announce-ttl", TTL)
+                                 "in-place", "--balance-quality", "0.3", "--announce-ttl", TTL, "--pre-read")
         node = SwarmNode(initial_peers=swarm.initial_peers, client_mode=True)
         try:
             wait_until(lambda: serving(node, name).get(mover.peer_id) == LayerRange(15, 30), 20,

@@ -40,7 +40,8 @@ def test_a_pre_read_fills_the_page_cache_while_the_peer_serves_on_and_a_crash_no
     async def scenario() -> None:
         client = SwarmNode(initial_peers=local_swarm.initial_peers, client_mode=True)
         p2p = await client.replicate_p2p()
-        server = PeerServer(PeerConfig(model, LayerRange(0, 4), name, initial_peers=tuple(local_swarm.initial_peers)))
+        server = PeerServer(PeerConfig(model, LayerRange(0, 4), name, initial_peers=tuple(local_swarm.initial_peers),
+                                       pre_read=True))
         try:
             await server.start()
             deadline = time.monotonic() + 20
@@ -72,7 +73,7 @@ def test_a_pre_read_fills_the_page_cache_while_the_peer_serves_on_and_a_crash_no
             assert placement.wake.is_set()
 
             # No read for a target with a layer no GPU peer serves (its first layer must light at once),
-            # nor with --no-pre-read.
+            # nor without --pre-read.
             gap = SwarmView(view.model, view.num_layers, {server.peer_id: view.records[server.peer_id]}, view.rtt)
             assert gap.uncovered_layers(standbys=False) == [4, 5, 6, 7]
             assert not pre_reads_first(placement, gap, target)
