@@ -3,8 +3,8 @@
 
 The decisions are pure functions of `routing` (a check's whole decision: `routing.balance_check`);
 this file only feeds them fresh views (and the time since its last move, and whether the check is
-periodic or a reaction to a hole) and acts on their answers. A periodic check's move first reads
-its layers into memory (Placement.pre_read, --pre-read) and is decided again after the read.
+periodic or a reaction to a hole) and acts on their answers. With --pre-read a periodic check's move
+first reads its layers into memory (Placement.pre_read) and is decided again after the read.
 """
 
 from __future__ import annotations
