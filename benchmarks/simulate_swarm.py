@@ -202,7 +202,9 @@ class SimConfig:
     # loads from memory (swarm-peer serve --pre-read; peer/balancer.py, which also moves at once into a
     # target with a gap: rare at a periodic check, reactions come first; not modelled). Tried, and worse: "announced", a
     # periodic move read after its announcement and confirmation, balancing counting the mover at its
-    # target meanwhile (its old range looks thin to the others all along). "never": no reads.
+    # target meanwhile (its old range looks thin to the others all along). "go": as "silent", but after the
+    # read the move decided before it goes, if p's layers keep another server (no second decision; its
+    # trace cause is "move_strength"). "never": no reads.
     pre_read: str = "never"
     warm_load_s_per_layer: float = 0.25  # a 70B layer from the page cache onto an H100 (docs/performance.md)
     prefetch_s: float = 0.0  # ... once this long after a joiner first serves (its background prefetch); the first peers at once
@@ -583,7 +585,6 @@ def simulate(cfg: SimConfig) -> SimResult:
         """Balance check of p (`reacting`: to a gap or thin layer): the target it moves to, or None; a move
         decided now starts loading after `delay` (its react wait). `plan_only`: decide, do not move.
         `warm`: layers p read into memory (SimConfig.pre_read "silent"): a target inside loads from there."""
-        nonlocal moves_from_memory
         others, counted = _balance_arrays(swarm, p.k, cfg, counts)
         others, counted = others[:], None if counted is None else counted[:]
         for layer in range(p.layers.start, p.layers.end):
@@ -621,7 +622,13 @@ def simulate(cfg: SimConfig) -> SimResult:
                                     search=cfg.flow_move_search == "always")
         if target is None or plan_only:
             return target
-        cause = "move_react" if reacting else "move_strength" if strength else "move_flow"
+        return commit_move(p, now, target, delay, reacting, "move_react" if reacting else "move_strength" if strength
+                           else "move_flow", warm)
+
+    def commit_move(p: SimPeer, now: float, target: LayerRange, delay: float, reacting: bool, cause: str,
+                    warm: LayerRange | None) -> LayerRange:
+        """p moves to `target` (decided now, loading after `delay`); `warm`: what it read into memory."""
+        nonlocal moves_from_memory
         if tracer is not None and not cfg.mover_serves_while_waiting:  # else the drop comes at "load_starts"
             tracer.cause(cause, f"{p.peer_id} k={p.k} {p.layers} -> {target}")
         # Balancing counts it at the target now, and others see it leave its old range (stay). It
@@ -834,7 +841,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             push(now + rng.uniform(0.5, 1.5) * cfg.balance_period_s, "balance", pid)
             if p.loading or p.draining:
                 continue  # still loading: judge the range once it serves
-            if cfg.pre_read == "silent" and now >= p.prefetched_at:
+            if cfg.pre_read in ("silent", "go") and now >= p.prefetched_at:
                 # It reads the target into memory first, announcing nothing, and decides again after.
                 target = try_move(p, now, plan_only=True)
                 if target is not None:
@@ -850,7 +857,13 @@ def simulate(cfg: SimConfig) -> SimResult:
             warm, p.pre_reading = p.pre_reading, None
             if p.loading or p.draining:
                 continue
-            if try_move(p, now, warm=warm):
+            if cfg.pre_read == "go":  # the move decided before the read, if p's layers keep another server
+                moved = all(swarm.staying_n[layer] > 1 for layer in range(p.layers.start, p.layers.end))
+                if moved:
+                    commit_move(p, now, warm, 0.0, False, "move_strength", warm)
+            else:
+                moved = try_move(p, now, warm=warm) is not None
+            if moved:
                 migrations += 1
                 wake_standbys(now)
                 if cfg.thin:
@@ -1082,10 +1095,11 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--refill-load-s-per-layer", type=float, default=None,
                     help="a sensitivity: seconds per layer of a GPU peer's move made reacting to a gap or thin layer, "
                          "once prefetched (as if read from memory; default: as --move-load-s-per-layer)")
-    ap.add_argument("--pre-read", choices=("never", "silent", "announced"), default="never",
+    ap.add_argument("--pre-read", choices=("never", "silent", "go", "announced"), default="never",
                     help="a GPU peer's periodic move reads its target's files into memory, serving its old range on, "
                          "before it frees it: silent: before announcing it, then decides again (swarm-peer serve "
-                         "--pre-read); announced: after announcing it; never (the peer before the thirty-seventh session)")
+                         "--pre-read); go: before announcing it, then goes without deciding again; announced: after announcing "
+                         "it; never (the peer's default)")
     ap.add_argument("--warm-load-s-per-layer", type=float, default=0.25,
                     help="with --pre-read: seconds per layer of the load after the read (the page cache's speed)")
     ap.add_argument("--prefetch-s", type=float, default=0.0,
