@@ -44,11 +44,16 @@ def evict(file: Path) -> None:
         os.close(fd)
 
 
+def span_pages(span: Span) -> list[bool]:
+    """Which pages holding `span`'s bytes the page cache holds."""
+    return resident_pages(span.file)[span.begin // mmap.PAGESIZE:(span.end - 1) // mmap.PAGESIZE + 1]
+
+
 def span_resident(span: Span) -> bool:
     """Does the page cache hold every page of `span`?"""
-    return all(resident_pages(span.file)[span.begin // mmap.PAGESIZE:(span.end - 1) // mmap.PAGESIZE + 1])
+    return all(span_pages(span))
 
 
 def any_resident(spans: list[Span]) -> bool:
     """Does the page cache hold any page of `spans`?"""
-    return any(any(resident_pages(s.file)[s.begin // mmap.PAGESIZE:(s.end - 1) // mmap.PAGESIZE + 1]) for s in spans)
+    return any(any(span_pages(s)) for s in spans)

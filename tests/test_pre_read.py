@@ -14,6 +14,8 @@ from tests.page_cache import any_resident, evict, span_resident
 from tests.tiny_models import build_tiny_model
 
 LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
 def tensor_ranges(folder: Path) -> dict[str, tuple[Path, int, int]]:
     """Every tensor's absolute byte range in its file."""
     out = {}
