@@ -614,3 +614,6 @@ def test_a_silent_pre_read_loads_periodic_moves_from_memory() -> None:
     assert without.moves_from_memory == 0 and without.migrations > 0
     assert 0.3 * silent.migrations <= silent.moves_from_memory < silent.migrations, silent
     assert silent.coverage_time_fraction == 1.0
+    # "go": the move decided before the read goes after it, undecided again (45 of 85 from memory).
+    go = simulate(SimConfig(**cfg, pre_read="go"))
+    assert go.moves_from_memory > silent.moves_from_memory and go.coverage_time_fraction == 1.0
