@@ -604,8 +604,9 @@ def test_a_silent_pre_read_loads_periodic_moves_from_memory() -> None:
     """--pre-read silent (peer/balancer.py): a periodic check's move reads its target into memory first,
     announcing nothing, and decides again; a move inside what it read loads from memory. Over one
     100-peer hour at 2x (seed 2): 41 of 77 moves load from memory (the rest: refills, which never read
-    first, periodic moves of peers whose prefetch is not done, and second decisions that went elsewhere), none without the reads, and
-    the arrays stay exact every simulated minute (a peer that reads keeps serving and counting where it is)."""
+    first, periodic moves of peers whose prefetch is not done, and second decisions that went elsewhere),
+    none without the reads, and the arrays stay exact every simulated minute (a peer that reads keeps
+    serving and counting where it is)."""
     cfg = dict(peers=100, hours=1.0, warmup_hours=0.5, seed=2, churn=0.1, redundancy=2.0, graceful=0.5,
                standby_share=0.3, route_period_s=120, move_load_s_per_layer=2.0, prefetch_s=1200,
                standby_by_layer=True, serve_by_layer=True, check_arrays=True)
