@@ -15,6 +15,7 @@
 - `local_swarm.py`: starting real peer processes on this machine (demo, benchmarks, tests).
 - `monitor/`: the `swarm-monitor` health page.
 - `api/`: `swarm-api`, the OpenAI-compatible HTTP gateway and chat page (`make chat`).
+- `web_site.py`: `start_site`, where `swarm-api` and `swarm-monitor` listen (the port bound for `--port 0`).
 - `cli.py`: `swarm-peer generate`; `demo.py`: `make demo`; `demo_swarm.py`: the two-peer swarm
   `make demo` and `make chat` (`api/demo.py`) both start.
 """

@@ -48,6 +48,7 @@ async def serve(model: Any, host: str, port: int, api_keys: tuple[str, ...], max
     from client.api.app import make_app
     from client.api.engine import Engine
     from client.api.metrics import ApiMetrics
+    from client.web_site import start_site
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -59,14 +60,9 @@ async def serve(model: Any, host: str, port: int, api_keys: tuple[str, ...], max
     runner = web.AppRunner(make_app(engine, metrics, api_keys), access_log=None, handler_cancellation=True)
     try:
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []  # the real port when --port 0
-        bound = sockets[0].getsockname()[1] if sockets else port
-        shown = f"[{host}]" if ":" in host else host
-        print(f"api: http://{shown}:{bound}/", flush=True)
-        logger.info("serving %s at http://%s:%s/ (OpenAI API under /v1/, chat page at /)", model.model_name,
-                    shown, bound)
+        url = await start_site(runner, host, port)
+        print(f"api: {url}", flush=True)
+        logger.info("serving %s at %s (OpenAI API under /v1/, chat page at /)", model.model_name, url)
         await stop.wait()
         logger.info("stopping")
     finally:

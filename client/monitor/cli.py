@@ -34,6 +34,7 @@ async def serve(
 
     from client.monitor.app import make_app
     from client.monitor.collector import Collector, probe_info
+    from client.web_site import start_site
     from swarm.auth import SwarmKey
     from swarm.dht import SwarmNode
 
@@ -57,12 +58,7 @@ async def serve(
         collector = Collector(node, lambda pid: probe_info(p2p, pid, rpc_timeout, key), refresh, rpc_timeout)
         runner = web.AppRunner(make_app(collector, stale_after), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        sockets = getattr(site._server, "sockets", None) or []  # the real port when --port 0
-        bound = sockets[0].getsockname()[1] if sockets else port
-        shown = f"[{host}]" if ":" in host else host
-        print(f"monitor: http://{shown}:{bound}/", flush=True)
+        print(f"monitor: {await start_site(runner, host, port)}", flush=True)
         logger.info("monitor node %s joined via %s", node.peer_id, ", ".join(initial_peers))
         task = asyncio.create_task(collector.run())
         await stop.wait()
