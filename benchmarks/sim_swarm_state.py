@@ -37,10 +37,6 @@ class SimPeer:
     # and the count of such reads (a stale read's end is ignored).
     pre_reading: LayerRange | None = None
     pre_read_round: int = 0
-    # A warm guard's window (SimConfig.warm_guard_max_k): layers one crash would leave dark, read into its
-    # host's memory, so it refills them from there; readable from warm_at on (the read takes a move's load).
-    warm: LayerRange | None = None
-    warm_at: float = 0.0
 
     @property
     def loading(self) -> bool:

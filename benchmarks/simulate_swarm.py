@@ -207,13 +207,6 @@ class SimConfig:
     # trace cause is "move_strength"). "never": no reads.
     pre_read: str = "never"
     warm_load_s_per_layer: float = 0.25  # a 70B layer from the page cache onto an H100 (docs/performance.md)
-    # Warm guards: every GPU peer holding at most this many layers (0: none) keeps a window of the layers one
-    # crash would leave dark (routing.standby_window's exposure, counting the other warm guards as guards,
-    # its own layers useless) read into its host's memory, chosen when it comes online and at its periodic
-    # checks and read at a move's load speed. While some layer has no GPU server, a warm guard whose ready
-    # window holds one, and whose own layers all keep another staying server, moves there first (the
-    # smallest peers' first step) and loads it at warm_load_s_per_layer.
-    warm_guard_max_k: int = 0
     prefetch_s: float = 0.0  # ... once this long after a joiner first serves (its background prefetch); the first peers at once
     graceful: float = 0.0  # share of departures that drain instead of vanishing
     drain_max_s: float = DRAIN_MAX_S
@@ -297,7 +290,6 @@ def simulate(cfg: SimConfig) -> SimResult:
     # Standbys draw from their own streams, so the GPU peers' runs are the same with or without them.
     has_standby = random.Random(f"{cfg.seed}-standby")
     standby_rng = random.Random(f"{cfg.seed}-standby-decisions")
-    warm_rng = random.Random(f"{cfg.seed}-warm-guards")
     initial, num_layers = initial_peers(pop, cfg.peers, cfg.redundancy, cfg.layers)
     swarm = SwarmArrays(num_layers)
     counts = swarm.counted if cfg.redundancy_aware else None
@@ -318,7 +310,6 @@ def simulate(cfg: SimConfig) -> SimResult:
     standbys: dict[str, SimPeer] = {}  # by host peer id; `layers` is where it is placed (loading or serving)
     standby_moves = 0
     moves_from_memory = 0  # GPU peers' moves that loaded what they had read into memory (SimConfig.pre_read)
-    warm_n = [0] * num_layers  # per layer, the warm guards whose window holds it (SimConfig.warm_guard_max_k)
 
     def view_servers() -> list[int]:
         """layer_servers as the DHT view shows them: an abruptly gone peer's record lingers until it expires."""
@@ -357,65 +348,6 @@ def simulate(cfg: SimConfig) -> SimResult:
         if cfg.move_load_s_per_layer is None or now < q.prefetched_at:
             return cfg.load_s_per_layer
         return cfg.move_load_s_per_layer
-
-    def set_warm(p: SimPeer, window: LayerRange | None, ready_at: float = 0.0) -> None:
-        if p.warm is not None:
-            for layer in range(p.warm.start, p.warm.end):
-                warm_n[layer] -= 1
-        p.warm, p.warm_at = window, ready_at
-        if window is not None:
-            for layer in range(window.start, window.end):
-                warm_n[layer] += 1
-
-    def choose_warm(p: SimPeer, now: float) -> None:
-        """Warm guard p (serving, prefetched) keeps, or reads, the window one crash would leave darkest."""
-        if p.k > cfg.warm_guard_max_k or p.serving is None or p.draining or now < p.prefetched_at:
-            return
-        others = warm_n[:]
-        if p.warm is not None:
-            for layer in range(p.warm.start, p.warm.end):
-                others[layer] -= 1
-        own = [False] * num_layers
-        own[p.serving.start : p.serving.end] = [True] * len(p.serving)
-        target = standby_window(view_servers(), others, p.k, p.warm, own)
-        if target is not None and target != p.warm:
-            set_warm(p, target, now + p.k * move_load_s(p, now))
-
-    def warm_round(now: float) -> None:
-        """Every warm guard's next read of the view (with the standbys' round): it reads a window with more
-        layers one crash from dark, by the standbys' margin. Only guards that could gain look closer."""
-        servers = view_servers()
-        guards = [q for q in peers.values() if q.k <= cfg.warm_guard_max_k and q.serving is not None
-                  and not q.draining and now >= q.prefetched_at]
-        warm_rng.shuffle(guards)
-        best = _best_standby_scores(servers, warm_n, {q.k for q in guards})
-        for q in guards:
-            here = 0.0
-            if q.warm is not None:
-                exposed = exposure([servers[layer] for layer in range(q.warm.start, q.warm.end)],
-                                   [warm_n[layer] - 1 for layer in range(q.warm.start, q.warm.end)])
-                here = sum(value for layer, value in zip(range(q.warm.start, q.warm.end), exposed)
-                           if not q.serving.start <= layer < q.serving.end)
-            if best[q.k] < here + max(1.0, STANDBY_MARGIN * q.k):
-                continue
-            before = q.warm
-            choose_warm(q, now)
-            if q.warm != before:
-                best = _best_standby_scores(servers, warm_n, {g.k for g in guards})
-
-    def warm_fills(candidates: list[SimPeer], now: float) -> int:
-        """Warm guards whose ready window holds a layer no GPU peer serves move there first, if each of
-        their own layers keeps another staying server; the moves made."""
-        moved = 0
-        for q in candidates:
-            w = q.warm
-            if (w is None or now < q.warm_at or q.serving is None
-                    or not any(swarm.online_n[layer] == 0 and not swarm.counted[layer] for layer in range(w.start, w.end))
-                    or any(swarm.staying_n[layer] < 2 for layer in range(q.serving.start, q.serving.end))):
-                continue
-            commit_move(q, now, w, REACT_DELAY_PER_LAYER_S, True, "move_react", w)
-            moved += 1
-        return moved
 
     def unserve_standby(sb: SimPeer) -> None:
         if sb.serving is not None:
@@ -530,7 +462,7 @@ def simulate(cfg: SimConfig) -> SimResult:
         swarm.place(p, +1)
         add_standby(p, now, instant)
         if instant:
-            go_online(p, now)
+            go_online(p)
         else:
             load_gpu_peer(p, now, cfg.load_s_per_layer, by_layer=cfg.serve_by_layer and cfg.joins_by_layer)
         if leave_rate > 0:
@@ -598,7 +530,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             if may_leave(q, now):
                 push(now, "drained", q.peer_id)
 
-    def go_online(p: SimPeer, now: float) -> None:
+    def go_online(p: SimPeer) -> None:
         if tracer is not None:
             tracer.cause("online", f"{p.peer_id} k={p.k} {p.layers}")
         p.serving = p.layers
@@ -607,8 +539,6 @@ def simulate(cfg: SimConfig) -> SimResult:
         if p.arrived:  # after the whole window is counted, so no layer's count passes through 0
             unserve_arrived(p)
             p.arrived = []
-        if cfg.warm_guard_max_k:
-            choose_warm(p, now)
 
     def leave(p: SimPeer, now: float, seen: float = 0.0) -> None:
         """Stop serving now; an abrupt leaver's record stays in the view until it expires (RECORD_TTL_S)
@@ -623,7 +553,6 @@ def simulate(cfg: SimConfig) -> SimResult:
         elif p.leaving is not None:  # it left while waiting to load (serving its old range)
             stop_serving_old(p)
         del peers[p.peer_id]
-        set_warm(p, None)
         sb = standbys.pop(p.peer_id, None)
         if sb is not None:  # a standby leaves with its host
             unserve_standby(sb)
@@ -718,7 +647,6 @@ def simulate(cfg: SimConfig) -> SimResult:
         p.layers, p.generation, p.moved_at = target, p.generation + 1, now
         swarm.place(p, +1)
         p.pre_reading = None  # a silent pre-read's peer that reacts meanwhile drops it
-        set_warm(p, None)  # a warm guard chooses again once it serves its new range
         load_s = move_load_s(p, now, refill=reacting)
         if warm is not None and warm.covers(target):
             load_s, moves_from_memory = cfg.warm_load_s_per_layer, moves_from_memory + 1
@@ -866,7 +794,7 @@ def simulate(cfg: SimConfig) -> SimResult:
             leave(p, now)
             wake_standbys(now)
         elif kind == "online" and p is not None and gen == p.generation:
-            go_online(p, now)
+            go_online(p)
             wake_standbys(now)
             wake_drainers(now)
         elif kind == "gpu_layer" and p is not None and gen == p.generation and p.to_load:
@@ -901,14 +829,7 @@ def simulate(cfg: SimConfig) -> SimResult:
                                                          for layer in range(q.serving.start, q.serving.end)):
                             delay[q.peer_id] += REACT_DELAY_PER_LAYER_S
                 candidates.sort(key=lambda q: delay[q.peer_id])
-            if cfg.warm_guard_max_k and swarm.gpu_uncovered:
-                moved = warm_fills(candidates, now)
-                migrations += moved
-                if moved:
-                    wake_standbys(now)
             for q in candidates:
-                if q.loading:
-                    continue  # a warm guard that just moved
                 if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
                     break  # every gap and thin layer has a server loading it
                 if try_move(q, now, delay[q.peer_id], reacting=True):
@@ -932,8 +853,6 @@ def simulate(cfg: SimConfig) -> SimResult:
                 wake_standbys(now)
                 if cfg.thin:
                     maybe_react(now, 0.0)  # its old layers may be thin while it loads: others see it
-            elif cfg.warm_guard_max_k:
-                choose_warm(p, now)
         elif kind == "pre_read_done" and p is not None and p.pre_reading is not None and gen == p.pre_read_round:
             warm, p.pre_reading = p.pre_reading, None
             if p.loading or p.draining:
@@ -951,8 +870,6 @@ def simulate(cfg: SimConfig) -> SimResult:
                     maybe_react(now, 0.0)
         elif kind == "standby_round":
             standby_round(now)
-            if cfg.warm_guard_max_k:
-                warm_round(now)
         elif kind == "standby_online":
             sb = standbys.get(pid)
             if sb is not None and gen == sb.generation:
@@ -973,11 +890,6 @@ def simulate(cfg: SimConfig) -> SimResult:
             if cfg.check_arrays:
                 fresh = recount(num_layers, peers.values(), expiring.values(), standbys.values())
                 assert not array_mismatches(swarm, fresh), (now, array_mismatches(swarm, fresh))
-                warm_fresh = [0] * num_layers
-                for q in peers.values():
-                    for layer in range(q.warm.start, q.warm.end) if q.warm is not None else ():
-                        warm_fresh[layer] += 1
-                assert warm_n == warm_fresh, now
             bound = sum(q.thr * q.k for q in peers.values()) / num_layers
             ratio = (min(swarm.online_thr) if not swarm.gpu_uncovered else 0.0) / bound if bound else 0.0
             ratios.append(ratio)
@@ -1189,10 +1101,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                          "--pre-read); go: before announcing it, then goes without deciding again; announced: after announcing "
                          "it; never (the peer's default)")
     ap.add_argument("--warm-load-s-per-layer", type=float, default=0.25,
-                    help="with --pre-read or --warm-guards: seconds per layer of a load from memory (the page cache's speed)")
-    ap.add_argument("--warm-guards", type=int, default=0, metavar="K",
-                    help="GPU peers holding at most K layers keep the layers one crash would leave dark read into memory "
-                         "and refill them from there first (0: none)")
+                    help="with --pre-read: seconds per layer of the load after the read (the page cache's speed)")
     ap.add_argument("--prefetch-s", type=float, default=0.0,
                     help="with --move-load-s-per-layer: seconds after a joiner first serves until its moves load that fast "
                          "(its background prefetch of the model)")
@@ -1320,7 +1229,7 @@ def main(argv: list[str] | None = None) -> SimResult:
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     load_s_per_layer=a.load_s_per_layer, move_load_s_per_layer=a.move_load_s_per_layer,
                     refill_load_s_per_layer=a.refill_load_s_per_layer,
-                    pre_read=a.pre_read, warm_load_s_per_layer=a.warm_load_s_per_layer, warm_guard_max_k=a.warm_guards,
+                    pre_read=a.pre_read, warm_load_s_per_layer=a.warm_load_s_per_layer,
                     prefetch_s=a.prefetch_s,
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,
