@@ -30,7 +30,8 @@ least as many layers as it does (per-size arrays here), and staggered: windows a
 the throughput crossing their inner boundaries, weighed most in their middle (routing.balance.stagger_weights;
 --no-stagger: they abut, the rule before the nineteenth session).
 --warmup-hours runs the swarm before measuring, so the numbers describe its steady state rather
-than its first placement. --trace FILE writes the served max flow at every change of the measured
+than its first placement; --start profile starts the first peers at the near-optimal profile placement
+instead of the join rule's (an oracle: what a better placement is worth under churn). --trace FILE writes the served max flow at every change of the measured
 hours with the event that caused it (benchmarks/sim_trace.py); benchmarks/sim_dips.py splits the time
 below the usual level by cause.
 An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
@@ -111,7 +112,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.sim_optimum import optimum_bracket
+from benchmarks.sim_optimum import optimum_bracket, profile_placement
 from benchmarks.sim_report import SimResult, format_table, plot
 from benchmarks.sim_swarm_state import SimPeer, SwarmArrays, WithoutPeer, array_mismatches, recount
 from benchmarks.sim_trace import FlowTrace
@@ -218,6 +219,10 @@ class SimConfig:
     tiered: bool = True  # a peer weighs only peers holding at least as many layers (routing.balance)
     stagger: bool = True  # windows straddle boundaries few windows cross (routing.balance.STAGGER_WEIGHT)
     warmup_hours: float = 0.0  # simulated first, not measured: the steady state, not the start, is reported
+    # Where the first peers (loaded at t = 0) sit: "joins", placed one by one by the join rule, as a swarm
+    # grows; "profile", at benchmarks.sim_optimum.profile_placement (within 0-3% of the optimum, a layout no
+    # peer's rule builds): an oracle's start, to see what a near-optimal placement is worth under churn.
+    start: str = "joins"
     standby_share: float = 0.0  # share of peers also running a standby in host memory (swarm-peer serve --standby)
     # A resident layer's step over a streamed one's on a standby's host GPU (--stream-weights): the
     # standby carries this times its host's thr x k, shared by the m layers only it serves (0: none, a
@@ -446,14 +451,15 @@ def simulate(cfg: SimConfig) -> SimResult:
     standby_round_due = -1.0
     pushed_crashes: set[str] = set()  # crashed peers whose record the crash watch drops, with a notice pushed
 
-    def admit(p: SimPeer, now: float, instant: bool) -> None:
+    def admit(p: SimPeer, now: float, instant: bool, window: LayerRange | None = None) -> None:
+        """p joins (at `window` if given, else where the join rule puts it) and loads, or with `instant` serves at once."""
         bottleneck = None
         if cfg.flow_join:
             placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
             bottleneck = bottleneck_layer(placed, num_layers) if placed else None
         thr, counted = _balance_arrays(swarm, p.k, cfg, counts)
-        p.layers = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded,
-                                 crossing=_crossing(swarm, p.k, cfg))
+        p.layers = window or choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded,
+                                           crossing=_crossing(swarm, p.k, cfg))
         peers[p.peer_id] = p
         if tracer is not None:
             tracer.cause("join", f"{p.peer_id} k={p.k} {p.layers}")
@@ -692,8 +698,11 @@ def simulate(cfg: SimConfig) -> SimResult:
     # The optimum of the initial peers lies in this bracket (docs/balancing.md, "The optimum we measure against").
     initial_bound = sum(p.k * p.thr for p in initial) / num_layers
     bracket = optimum_bracket([(p.k, p.k * p.thr) for p in initial], num_layers)
-    for p in initial:  # a warm swarm: the first peers are already loaded at t = 0
-        admit(p, 0.0, instant=True)
+    windows: list[LayerRange | None] = [None] * len(initial)  # "joins": the join rule's, one by one
+    if cfg.start == "profile":
+        windows = list(profile_placement([(p.k, p.k * p.thr) for p in initial], num_layers)[1])
+    for p, window in zip(initial, windows):  # a warm swarm: the first peers are already loaded at t = 0
+        admit(p, 0.0, instant=True, window=window)
     next_index = cfg.peers
     if leave_rate > 0:
         push(pop.expovariate(cfg.peers * leave_rate), "arrive")
@@ -1083,6 +1092,10 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--warmup-hours", type=float, default=0.0,
                     help="simulated hours before measuring starts (report the steady state, not the start)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--start", choices=("joins", "profile"), default="joins",
+                    help="where the first peers sit at t = 0: joins: placed one by one by the join rule; profile: "
+                         "at the near-optimal profile placement (benchmarks/sim_optimum.py), an oracle's start "
+                         "no peer's rule builds (use a short --warmup-hours to measure what it is worth under churn)")
     ap.add_argument("--churn", type=float, default=0.10, help="fraction of peers leaving per hour")
     ap.add_argument("--redundancy", type=float, default=2.0, help="sum of layers peers hold / model layers")
     ap.add_argument("--layers", type=int, default=None, help="model layers (overrides --redundancy)")
@@ -1229,7 +1242,7 @@ def main(argv: list[str] | None = None) -> SimResult:
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     load_s_per_layer=a.load_s_per_layer, move_load_s_per_layer=a.move_load_s_per_layer,
                     refill_load_s_per_layer=a.refill_load_s_per_layer,
-                    pre_read=a.pre_read, warm_load_s_per_layer=a.warm_load_s_per_layer,
+                    pre_read=a.pre_read, warm_load_s_per_layer=a.warm_load_s_per_layer, start=a.start,
                     prefetch_s=a.prefetch_s,
                     graceful=a.graceful, drain_max_s=a.drain_max, react=not a.no_react,
                     redundancy_aware=not a.throughput_only, sole_discount=a.sole_discount,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 import routing.balance
+from benchmarks.sim_optimum import profile_placement
 from benchmarks.sim_trace import TRACE_TOLERANCE, read_trace
-from benchmarks.simulate_swarm import LOAD_S_PER_LAYER, SimConfig, format_table, main, simulate
+from benchmarks.simulate_swarm import LOAD_S_PER_LAYER, SimConfig, format_table, initial_peers, main, simulate
 
 # Every crash seen after 5 s: the crash model the rules of the eighth to eleventh sessions were
 # measured and these cases calibrated on, before dead processes (1.5 s) and vanished hosts (6.5 s,
@@ -81,6 +83,18 @@ def test_cli_writes_json(tmp_path) -> None:
     main(["--peers", "30", "--hours", "0.25", "--layers", "24", "--json", str(out)])
     data = json.loads(out.read_text())
     assert data["num_layers"] == 24 and 0.0 <= data["coverage_time_fraction"] <= 1.0
+
+
+def test_an_oracle_start_serves_the_profile_placement_from_the_first_sample() -> None:
+    # --start profile: the first peers sit at the profile placement of the same population, so the first
+    # route sample (t = 0.5 s, before any balance check) carries its max flow, far above the join rule's start.
+    cfg = dict(peers=120, hours=0.05, seed=0, redundancy=2.0, churn=0.0, route_period_s=60.0)
+    oracle, joins = simulate(SimConfig(**cfg, start="profile")), simulate(SimConfig(**cfg))
+    peers, num_layers = initial_peers(random.Random(0), 120, 2.0)
+    flow, _ = profile_placement([(p.k, p.k * p.thr) for p in peers], num_layers)
+    bound = sum(p.k * p.thr for p in peers) / num_layers
+    assert oracle.series["flow"][0] == pytest.approx(flow / bound, abs=1e-3)  # 98.5% of sum(c) / L
+    assert oracle.series["flow"][0] > joins.series["flow"][0] + 0.2  # the joins' start: 66.2%
 
 
 def test_graceful_leavers_wait_for_cover_so_departures_open_no_gap() -> None:
