@@ -31,9 +31,9 @@ the throughput crossing their inner boundaries, weighed most in their middle (ro
 --no-stagger: they abut, the rule before the nineteenth session).
 --warmup-hours runs the swarm before measuring, so the numbers describe its steady state rather
 than its first placement; --start profile starts the first peers at the near-optimal profile placement
-instead of the join rule's (an oracle: what a better placement is worth under churn). --trace FILE writes the served max flow at every change of the measured
-hours with the event that caused it (benchmarks/sim_trace.py); benchmarks/sim_dips.py splits the time
-below the usual level by cause.
+instead of the join rule's (an oracle: what a better placement is worth under churn). --trace FILE
+writes the served max flow at every change of the measured hours with the event that caused it
+(benchmarks/sim_trace.py); benchmarks/sim_dips.py splits the time below the usual level by cause.
 An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
 until it expires, 2/3 to 3/3 of RECORD_TTL_S later (peers re-announce every ttl / 3), or, when
 it was serving routes, until the crash watch drops it (peer/crash_watch.py): CRASH_SEEN_S after
