@@ -451,15 +451,18 @@ def simulate(cfg: SimConfig) -> SimResult:
     standby_round_due = -1.0
     pushed_crashes: set[str] = set()  # crashed peers whose record the crash watch drops, with a notice pushed
 
-    def admit(p: SimPeer, now: float, instant: bool, window: LayerRange | None = None) -> None:
-        """p joins (at `window` if given, else where the join rule puts it) and loads, or with `instant` serves at once."""
+    def join_window(p: SimPeer) -> LayerRange:
+        """Where the join rule puts p (routing.choose_window on the swarm of now)."""
         bottleneck = None
         if cfg.flow_join:
             placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
             bottleneck = bottleneck_layer(placed, num_layers) if placed else None
         thr, counted = _balance_arrays(swarm, p.k, cfg, counts)
-        p.layers = window or choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded,
-                                           crossing=_crossing(swarm, p.k, cfg))
+        return choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded, crossing=_crossing(swarm, p.k, cfg))
+
+    def admit(p: SimPeer, now: float, instant: bool, window: LayerRange | None = None) -> None:
+        """p joins (at `window` if given, else where the join rule puts it) and loads, or with `instant` serves at once."""
+        p.layers = window or join_window(p)
         peers[p.peer_id] = p
         if tracer is not None:
             tracer.cause("join", f"{p.peer_id} k={p.k} {p.layers}")
@@ -697,10 +700,11 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     # The optimum of the initial peers lies in this bracket (docs/balancing.md, "The optimum we measure against").
     initial_bound = sum(p.k * p.thr for p in initial) / num_layers
-    bracket = optimum_bracket([(p.k, p.k * p.thr) for p in initial], num_layers)
+    capacities = [(p.k, p.k * p.thr) for p in initial]
+    bracket = optimum_bracket(capacities, num_layers)
     windows: list[LayerRange | None] = [None] * len(initial)  # "joins": the join rule's, one by one
     if cfg.start == "profile":
-        windows = list(profile_placement([(p.k, p.k * p.thr) for p in initial], num_layers)[1])
+        windows = list(profile_placement(capacities, num_layers)[1])
     for p, window in zip(initial, windows):  # a warm swarm: the first peers are already loaded at t = 0
         admit(p, 0.0, instant=True, window=window)
     next_index = cfg.peers
