@@ -13,8 +13,11 @@ fastsafetensors (parallel reads, no mmap) reading the same files whole, for comp
     periodic move before it makes it, serving on: swarm-peer serve --pre-read), then loaded: the load is
     the time a mover in place serves nothing.
 The same bytes from a network link take size / bandwidth: printed for 1 Gbit/s for comparison.
+With --quant int8 (or int4) the bf16 layers are first written as the quantized checkpoint a peer
+serves (`swarm-peer quantize`'s writer, round to nearest) and that is what is timed: half (a quarter)
+of the bytes to read for the same layer.
 
-    .venv/bin/python -m benchmarks.bench_layer_load --layers 2 --repeat 3 [--device cuda]
+    .venv/bin/python -m benchmarks.bench_layer_load --layers 2 --repeat 3 [--device cuda] [--quant int8]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from peer.quantize_cli import write_quantized
 from shards.pre_read import pre_read_layers
 from shards.shard import Shard
 
@@ -75,6 +79,22 @@ def write_checkpoint(path: Path, layers: int) -> int:
             total += t.numel() * t.element_size() if ".layers." in key else 0
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return total
+
+
+def quantized_copy(path: Path, quant: str) -> tuple[Path, int]:
+    """The bf16 checkpoint at `path` written as a quantized one beside it (round to nearest, as
+    `swarm-peer quantize --quant int8` or `--rtn` writes it); returns its folder and its layers' bytes."""
+    out = path / f"quantized-{quant}"
+    write_quantized(path, out, quant, 128, None, 0, 0, "cpu")
+    return out, layer_bytes(out / "model.safetensors")
+
+
+def layer_bytes(file: Path) -> int:
+    """Bytes of a safetensors file's decoder-layer tensors, read from its header (8-byte length, JSON)."""
+    with file.open("rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return sum(end - start for key, entry in header.items() if ".layers." in key
+               for start, end in [entry["data_offsets"]])
 
 
 def drop_page_cache(path: Path) -> bool:
@@ -150,6 +170,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="timed loads per source and loader (the median is reported)")
     ap.add_argument("--device", default="cpu", help="where the loaded weights go: cpu, or cuda (a GPU peer's load)")
     ap.add_argument("--dir", type=Path, default=None, help="where to write the checkpoint (default: a temp dir)")
+    ap.add_argument("--quant", choices=("none", "int8", "int4"), default="none",
+                    help="time the layers written as a checkpoint quantized to this (swarm-peer quantize's "
+                         "writer, round to nearest): what a peer serving that checkpoint reads")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "layer_load.json")
     a = ap.parse_args()
     cold: list[Load] = []
@@ -161,12 +184,16 @@ def main() -> None:
         path = Path(tmp)
         print(f"writing {a.layers} Llama-2-70B-shaped bf16 layers to {path} ...", flush=True)
         size = write_checkpoint(path, a.layers)
+        if a.quant != "none":
+            print(f"quantizing them to {a.quant} (round to nearest) ...", flush=True)
+            path, size = quantized_copy(path, a.quant)  # the bf16 files stay: the cache drop evicts only path's
         per_layer_gb = size / a.layers / 1e9
         can_drop = drop_page_cache(path)
         if not can_drop:
             print("cannot evict the page cache here: cold loads skipped")
         timed_load(path, 1, a.device)  # CUDA initialised, the code paths warm
-        use_fast = a.device.startswith("cuda") and importlib.util.find_spec("fastsafetensors") is not None
+        use_fast = (a.device.startswith("cuda") and a.quant == "none"  # it reads the bf16 layer files
+                    and importlib.util.find_spec("fastsafetensors") is not None)
         for _ in range(a.repeat):  # the loaders interleaved, so a drift of the disk touches both alike
             if can_drop and drop_page_cache(path):
                 cold.append(timed_load(path, a.layers, a.device))
@@ -187,7 +214,8 @@ def main() -> None:
                     use_fast = False
     network = per_layer_gb * 1e9 / GBIT_BYTES_PER_S
     where = torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else "the CPU"
-    print(f"\nLlama-2-70B-shaped layer, bf16, {per_layer_gb:.2f} GB; {a.layers} layers loaded onto {where}, "
+    dtype = "bf16" if a.quant == "none" else a.quant
+    print(f"\nLlama-2-70B-shaped layer, {dtype}, {per_layer_gb:.2f} GB; {a.layers} layers loaded onto {where}, "
           f"{os.cpu_count()} cores; medians of {a.repeat}")
     print(f"{'source':28} {'loader':34} {'s / layer':>9} {'GB/s':>6} {'first layer s':>13}")
     rows = []
@@ -208,7 +236,7 @@ def main() -> None:
         first_text = "-" if first is None else f"{first:.2f}"
         print(f"{source:28} {loader:34} {per_layer:9.2f} {per_layer_gb / per_layer:6.2f} {first_text:>13}")
     result = {"date": date.today().isoformat(), "machine": platform.node(), "cpus": os.cpu_count(), "device": where,
-              "layer_gb": per_layer_gb, "layers": a.layers, "repeat": a.repeat,
+              "quant": a.quant, "layer_gb": per_layer_gb, "layers": a.layers, "repeat": a.repeat,
               "cold": [asdict(x) for x in cold], "warm": [asdict(x) for x in warm],
               "fastsafetensors_s": fast, "pre_read_s": pre_read_s, "after_pre_read": [asdict(x) for x in after_pre_read],
               "gbit_link_s_per_layer": network}
