@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from peer.quantize_cli import write_quantized
+from shards.loading import read_header
 from shards.pre_read import pre_read_layers
 from shards.shard import Shard
 
@@ -85,16 +86,10 @@ def quantized_copy(path: Path, quant: str) -> tuple[Path, int]:
     """The bf16 checkpoint at `path` written as a quantized one beside it (round to nearest, as
     `swarm-peer quantize --quant int8` or `--rtn` writes it); returns its folder and its layers' bytes."""
     out = path / f"quantized-{quant}"
-    write_quantized(path, out, quant, 128, None, 0, 0, "cpu")
-    return out, layer_bytes(out / "model.safetensors")
-
-
-def layer_bytes(file: Path) -> int:
-    """Bytes of a safetensors file's decoder-layer tensors, read from its header (8-byte length, JSON)."""
-    with file.open("rb") as f:
-        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
-    return sum(end - start for key, entry in header.items() if ".layers." in key
-               for start, end in [entry["data_offsets"]])
+    write_quantized(path, out, quant, group_size=128, text_file=None, calibration_tokens=0, seq_len=0, device="cpu")
+    header = read_header(out / "model.safetensors")
+    return out, sum(entry["data_offsets"][1] - entry["data_offsets"][0] for key, entry in header.items()
+                    if ".layers." in key)
 
 
 def drop_page_cache(path: Path) -> bool:
@@ -214,8 +209,8 @@ def main() -> None:
                     use_fast = False
     network = per_layer_gb * 1e9 / GBIT_BYTES_PER_S
     where = torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else "the CPU"
-    dtype = "bf16" if a.quant == "none" else a.quant
-    print(f"\nLlama-2-70B-shaped layer, {dtype}, {per_layer_gb:.2f} GB; {a.layers} layers loaded onto {where}, "
+    weights = "bf16" if a.quant == "none" else a.quant
+    print(f"\nLlama-2-70B-shaped layer, {weights}, {per_layer_gb:.2f} GB; {a.layers} layers loaded onto {where}, "
           f"{os.cpu_count()} cores; medians of {a.repeat}")
     print(f"{'source':28} {'loader':34} {'s / layer':>9} {'GB/s':>6} {'first layer s':>13}")
     rows = []
