@@ -50,7 +50,9 @@ smallest peers, plus one step (--gap-delay-per-layer-held: per layer they hold),
 loaders move first, in parallel while gaps are left; otherwise the largest peers first, which
 refill a departed large peer's range in one move (--small-first-always: the fastest always); a
 peer whose leaving would leave one of its layers to a single server no standby guards waits one
-step more (routing.exposes_on_leaving; --exposing-peers-react-as-soon: the rule before). A
+step more (routing.exposes_on_leaving; --exposing-peers-react-as-soon: the rule before), and one
+whose move would download its layers (its prefetch not done) decides after every peer that loads
+from disk (--downloaders-react-as-soon: the rule before). A
 moving peer counts at its target at once (its record), so the others see the layers taken. Thin layers
 (routing.thin_layers: staying servers below THIN_SHARE of the mean layer throughput) wake them
 the same way, a draining peer whose layers would be thin without it stays while a peer
@@ -258,6 +260,9 @@ class SimConfig:
     standby_by_layer: bool = False  # a loading standby serves each layer as it arrives, the most exposed first
     standby_idle_moves: bool = False  # a standby guarding nothing moves for one exposed layer (not STANDBY_MARGIN)
     react_clean_first: bool = True  # a reacting peer whose leaving leaves an unguarded sole server waits one step more (routing.exposes_on_leaving)
+    # A reacting peer whose move would download (not prefetched yet, with move_load_s_per_layer set) decides after
+    # every peer that loads from disk (peer/balancer.py react_delay's `downloads`); False: by its size alone (the rule before).
+    downloaders_react_last: bool = True
     serve_by_layer: bool = False  # a loading GPU peer (joiner or mover) serves each layer as it arrives (gpu_load_order)
     coordinated_loads: bool = True  # ... lighting first the dark layers other loaders reach last (routing.gap_weight)
     # Share of its capacity a GPU peer serving part of its window gets until the whole window is there:
@@ -841,6 +846,11 @@ def simulate(cfg: SimConfig) -> SimResult:
                         if q.serving is not None and any(swarm.staying_n[layer] == 2 and not (guarded and guarded[layer])
                                                          for layer in range(q.serving.start, q.serving.end)):
                             delay[q.peer_id] += REACT_DELAY_PER_LAYER_S
+                if cfg.downloaders_react_last and cfg.move_load_s_per_layer is not None:
+                    smallest = min((q.k for q in candidates), default=0)
+                    for q in candidates:
+                        if now < q.prefetched_at:  # after every disk loader, exposing or not
+                            delay[q.peer_id] += REACT_DELAY_PER_LAYER_S * (largest - smallest + 2)
                 candidates.sort(key=lambda q: delay[q.peer_id])
             for q in candidates:
                 if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
@@ -1188,6 +1198,9 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--exposing-peers-react-as-soon", action="store_true",
                     help="a reacting peer whose leaving would leave one of its layers to a single unguarded server decides "
                          "as soon as the others of its size, not a step later (the rule before)")
+    ap.add_argument("--downloaders-react-as-soon", action="store_true",
+                    help="with --prefetch-s: a reacting peer whose move would download its layers (its prefetch not "
+                         "done) decides by its size alone, not after every peer that loads from disk (the rule before)")
     ap.add_argument("--serve-by-layer", nargs="?", const="all", choices=("all", "moves"),
                     help="a loading GPU peer serves each layer as it arrives, layers no GPU peer serves first, then the "
                          "thinnest: joiners and movers (all: what the GPU peer does), or movers only (moves: the "
@@ -1265,7 +1278,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     small_first_always=a.small_first_always, gap_delay_from_smallest=not a.gap_delay_per_layer_held,
                     mover_serves_while_waiting=not a.mover_stops_at_decision, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
-                    react_clean_first=not a.exposing_peers_react_as_soon, serve_by_layer=a.serve_by_layer is not None,
+                    react_clean_first=not a.exposing_peers_react_as_soon,
+                    downloaders_react_last=not a.downloaders_react_as_soon, serve_by_layer=a.serve_by_layer is not None,
                     coordinated_loads=not a.no_coordinated_loads,
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
                     snapshots=None if a.snapshots is None else str(a.snapshots),

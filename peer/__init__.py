@@ -16,7 +16,7 @@
   not the server; a periodic move's layers read into memory first; a `--standby` peer follows the
   layers one crash would leave dark); how many layers fit.
 - `prefetch.py`: a self-placing peer of a Hub model fetches every layer's files in the background, so
-  its moves load from disk.
+  its moves load from disk (until then it refills last: balancer.py react_delay).
 - `scheduler.py`: continuous batching of many sessions' steps into one forward pass.
 - `push.py`: server-to-server push of a session's output to the next hop.
 - `view.py`: the `view` request: the records this peer sees for a model, as their owners signed them

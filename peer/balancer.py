@@ -78,6 +78,9 @@ class Placement:
     pre_read: Callable[[LayerRange, threading.Event], Awaitable[object]] | None = None
     # Set by a crash notice (peer/crash_notices.py): the watch reads the view now, not at its next period.
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # Do this peer's moves read their layers from disk (a local checkpoint, or a Hub model's prefetch done:
+    # peer/prefetch.py)? False: a move downloads them, several times slower (react_delay's `downloads`).
+    loads_from_disk: Callable[[], bool] = lambda: True
 
 
 async def choose_initial_layers(placement: Placement) -> tuple[LayerRange, list[int]]:
@@ -244,7 +247,8 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
         if urgent and urgent != decided_on and placement.peer_id() in view.records:
             mine = placement.layers()
             delay = react_delay(view, len(mine) if mine is not None else 1,
-                                exposes=exposes_on_leaving(view, placement.peer_id()))
+                                exposes=exposes_on_leaving(view, placement.peer_id()),
+                                downloads=not placement.loads_from_disk())
             logger.info("%d layers between %d and %d have no ONLINE server or are thin (a peer is draining, "
                         "gone or moving): deciding now (in %.1f s, after the peers that should go first)",
                         len(urgent), urgent[0], urgent[-1], delay)
@@ -258,7 +262,7 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
     return None
 
 
-def react_delay(view: SwarmView, my_layers: int, exposes: bool = False) -> float:
+def react_delay(view: SwarmView, my_layers: int, exposes: bool = False, downloads: bool = False) -> float:
     """Seconds a peer holding `my_layers` layers waits before deciding on urgent layers.
 
     While some layer has no ONLINE or DRAINING server but standbys (SwarmView.uncovered_layers),
@@ -275,13 +279,19 @@ def react_delay(view: SwarmView, my_layers: int, exposes: bool = False) -> float
     whose leaving exposes nothing go first; if one of them took the urgent layers, it stays.
     A move opens that exposure for as long as a standby takes to get there, and a crash of the
     remaining server inside it is a gap (docs/balancing.md, tenth session).
+
+    `downloads`: this peer's move would download its layers (a Hub model whose prefetch is not done,
+    peer/prefetch.py), at the network's pace: about 5 s a 70B layer against 0.6 s from disk (int8,
+    benchmarks/bench_layer_load.py). Such a peer waits until every peer loading from disk has decided,
+    whatever their sizes, and refills only what none of them took (docs/balancing.md, forty-first session).
     """
     extra = REACT_DELAY_PER_LAYER_S if exposes else 0.0
     sizes = [len(r.layers) for r in view.online() if not r.standby]
+    smallest, largest = min(sizes, default=my_layers), max(sizes, default=my_layers)
+    if downloads:
+        extra += REACT_DELAY_PER_LAYER_S * (max(largest - smallest, 0) + 2)
     if view.uncovered_layers(standbys=False):
-        smallest = min(sizes, default=my_layers)
         return REACT_DELAY_PER_LAYER_S * (max(my_layers - smallest, 0) + 1) + extra
-    largest = max(sizes, default=my_layers)
     return REACT_DELAY_PER_LAYER_S * (max(largest - my_layers, 0) + 1) + extra
 
 

@@ -85,6 +85,12 @@ class PeerServer(Moves):
         self.loading: LayerRange | None = None  # a move's target while its weights load
         self.still_to_load: tuple[int, ...] = ()  # ... and its layers not yet arrived, in load order
         self.in_place = False  # that move freed the old layers (announced JOINING, not moving_to)
+        # Set when a move reads its layers from disk: a local checkpoint, or a Hub model once its
+        # background prefetch is done (peer/prefetch.py). Unset, a move downloads them, and the balancer
+        # lets the peers that load from disk refill first (peer/balancer.py react_delay).
+        self.moves_load_from_disk = threading.Event()
+        if config.model_repo is None:
+            self.moves_load_from_disk.set()
         self.engine: ServingEngine | None = None  # None only while moving in place
         self.limits = Limits(config.limits.max_frame_bytes, config.limits.max_tensor_elements)
         # A crash notice wakes the balancer's watch (Placement.wake) and is passed on (peer/crash_notices.py).
@@ -132,7 +138,8 @@ class PeerServer(Moves):
             if cfg.prefetch and cfg.model_repo is not None:
                 # A daemon thread, not the executor: a download cannot be cancelled, and stopping the
                 # peer must not wait for one.
-                threading.Thread(target=prefetch_in_background, args=(cfg.model_repo, cfg.revision),
+                threading.Thread(target=prefetch_in_background,
+                                 args=(cfg.model_repo, cfg.revision, self.moves_load_from_disk),
                                  name="prefetch", daemon=True).start()
 
     async def _start_serving(self) -> None:
@@ -225,6 +232,7 @@ class PeerServer(Moves):
             pre_read=self.pre_read,
             open_sessions=lambda: len(self.registry.sessions),  # read only once serving (the balance loops)
             wake=self.wake,
+            loads_from_disk=self.moves_load_from_disk.is_set,
         )
 
     async def _balancing_view(self) -> SwarmView:

@@ -92,6 +92,7 @@ class Prefetched:
     files: int  # weight files of the model's layers now in the cache (0: none fetched, see `skipped`)
     checkpoint_bytes: int | None  # the index's total_size, when it gives one
     skipped: str | None = None  # why nothing was fetched, or None
+    complete: bool = False  # every layer's weight files are in the cache now (moves load from disk)
 
 
 def prefetch_layers(repo_id: str, revision: str | None, free_bytes: int | None = None) -> Prefetched:
@@ -107,7 +108,8 @@ def prefetch_layers(repo_id: str, revision: str | None, free_bytes: int | None =
     hub.config()
     index = hub.file(INDEX_NAME, optional=True)
     if index is None:
-        return Prefetched(1, None, "a single-file checkpoint: the peer's own range already fetched all of it")
+        return Prefetched(1, None, "a single-file checkpoint: the peer's own range already fetched all of it",
+                          complete=True)
     try:
         size = json.loads(index.read_text()).get("metadata", {}).get("total_size")
     except (ValueError, AttributeError) as e:
@@ -118,7 +120,7 @@ def prefetch_layers(repo_id: str, revision: str | None, free_bytes: int | None =
     if free < PREFETCH_ROOM * size:
         return Prefetched(0, size, f"the cache's disk has {free / 1e9:.1f} GB free, less than {PREFETCH_ROOM:g}x the "
                                    f"checkpoint's {size / 1e9:.1f} GB (free space, or point HF_HOME at a larger disk)")
-    return Prefetched(len(hub.weight_files(lambda t: _in_layers(t, None))), size)
+    return Prefetched(len(hub.weight_files(lambda t: _in_layers(t, None))), size, complete=True)
 
 
 def _in_layers(tensor: str, layers: tuple[int, int] | None) -> bool:

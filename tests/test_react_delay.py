@@ -65,3 +65,16 @@ def test_a_peer_whose_leaving_exposes_a_layer_waits_one_step_more() -> None:
     assert not exposes_on_leaving(guarded, "mid")
     # A sole server cannot leave at all (plan_move keeps it), and a peer not in the view exposes nothing.
     assert not exposes_on_leaving(view, "right") and not exposes_on_leaving(view, "nobody")
+
+
+def test_a_peer_whose_move_would_download_waits_until_every_disk_loader_has_decided() -> None:
+    # A move from the network loads several times slower than one from disk (react_delay's docstring):
+    # whatever its size, such a peer decides after the slowest disk loader of the view, exposing or not.
+    for view in (THIN, STANDBY_ONLY):
+        sizes = {len(r.layers) for r in view.records.values() if not r.standby}
+        slowest_disk_loader = max(react_delay(view, k, exposes=True) for k in sizes)
+        downloaders = {k: react_delay(view, k, downloads=True) for k in sizes}
+        assert min(downloaders.values()) > slowest_disk_loader
+        # Among downloaders the sizes keep their order: the largest first on thin layers, the smallest on a gap.
+        first = max(sizes) if view is THIN else min(sizes)
+        assert downloaders[first] == min(downloaders.values()) < max(downloaders.values())

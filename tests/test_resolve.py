@@ -6,12 +6,14 @@ HF_ENDPOINT points at it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from peer.prefetch import prefetch_in_background
 from shards.head import ModelHead
 from shards.resolve import (
     PREFETCH_ROOM,
@@ -93,7 +95,7 @@ def test_prefetch_fetches_every_layer_file_once_when_the_disk_has_room(hub: HubS
     resolve_for_peer(REPO, None, (0, 2))  # the peer's own range first, as a serving peer has
     hub.requests.clear()
     done = prefetch_layers(REPO, None)
-    assert done.skipped is None and done.files == len(layer_files) == 4
+    assert done.skipped is None and done.files == len(layer_files) == 4 and done.complete
     assert hub.downloaded(REPO) == layer_files - _layer_files(weight_map, range(2))  # cached ones not again
     source = resolve_for_peer(REPO, None, (2, 4))
     assert hub.downloaded(REPO) == layer_files - _layer_files(weight_map, range(2))  # a later move: from disk
@@ -106,7 +108,7 @@ def test_prefetch_skips_a_disk_without_room(hub: HubServer) -> None:
     assert size is not None and size > 0
     hub.requests.clear()
     done = prefetch_layers(REPO, None, free_bytes=int(PREFETCH_ROOM * size) - 1)
-    assert done.files == 0 and "GB free" in done.skipped and "HF_HOME" in done.skipped
+    assert done.files == 0 and "GB free" in done.skipped and "HF_HOME" in done.skipped and not done.complete
     assert hub.downloaded(REPO) == set()  # config and index were cached; no weight file fetched
 
 
@@ -114,6 +116,19 @@ def test_prefetch_skips_offline(hub: HubServer, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     done = prefetch_layers(REPO, None)
     assert done.files == 0 and "HF_HUB_OFFLINE" in done.skipped and hub.requests == []
+
+
+def test_the_background_prefetch_says_when_moves_load_from_disk(hub: HubServer,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # The balancer's react_delay waits behind the peers that load from disk until this is set.
+    offline = threading.Event()
+    with monkeypatch.context() as m:
+        m.setenv("HF_HUB_OFFLINE", "1")
+        prefetch_in_background(REPO, None, offline)
+    assert not offline.is_set()  # nothing fetched: moves still download
+    on_disk = threading.Event()
+    prefetch_in_background(REPO, None, on_disk)
+    assert on_disk.is_set() and hub.downloaded(REPO)
 
 
 def test_revision_by_commit_and_config_only(hub: HubServer) -> None:
