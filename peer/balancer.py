@@ -281,8 +281,9 @@ def react_delay(view: SwarmView, my_layers: int, exposes: bool = False, download
     remaining server inside it is a gap (docs/balancing.md, tenth session).
 
     `downloads`: this peer's move would download its layers (a Hub model whose prefetch is not done,
-    peer/prefetch.py), at the network's pace: about 5 s a 70B layer against 0.6 s from disk (int8,
-    benchmarks/bench_layer_load.py). Such a peer waits until every peer loading from disk has decided,
+    peer/prefetch.py), at the network's pace: an int8 70B layer's 0.86 GB take about 7 s over a 1 Gbit/s
+    link, against 0.58 s measured from disk (benchmarks/bench_layer_load.py --quant int8, docs/performance.md;
+    the simulator charges 5 s against 0.6). Such a peer waits until every peer loading from disk has decided,
     whatever their sizes, and refills only what none of them took (docs/balancing.md, forty-first session).
     """
     extra = REACT_DELAY_PER_LAYER_S if exposes else 0.0
