@@ -42,6 +42,7 @@ Only `swarm.types` is imported from the rest of the project.
              (exact max flow on the layer graph), the optimum placement and routing aim at;
              bottleneck_layer / flow_and_bottleneck: where it runs dry (joins and flow moves go there);
              feed_greedily: what a placement lacks for a flow, and which windows end with capacity unused.
+             Greedy: one placement prepared for many flows, grown by one peer (a flow move's windows).
 """
 
 from routing.balance import (

@@ -23,6 +23,7 @@ rounds on a 1,000-2,000-peer swarm's placement.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ def peer_capacities(view: SwarmView, states: Iterable[PeerState] = (PeerState.ON
 
 def feasible(placement: list[tuple[LayerRange, float]], num_layers: int, flow: float) -> bool:
     """Can `placement` ((layers, layer-tokens/s) per peer) carry `flow` tokens/s through every layer?"""
-    return flow <= 0 or _first_short_layer(placement, num_layers, flow) is None
+    return Greedy(placement, num_layers).carries(flow)
 
 
 def bottleneck_layer(placement: list[tuple[LayerRange, float]], num_layers: int) -> int | None:
@@ -73,18 +74,16 @@ def bottleneck_layer(placement: list[tuple[LayerRange, float]], num_layers: int)
 
 
 def flow_and_bottleneck(placement: list[tuple[LayerRange, float]], num_layers: int,
-                        tolerance: float = BOTTLENECK_TOLERANCE) -> tuple[float, int | None]:
-    """(max flow to `tolerance`, at most that far below the exact one; bottleneck_layer)."""
-    flow = max_flow_of(placement, num_layers, tolerance)
+                        tolerance: float = BOTTLENECK_TOLERANCE, greedy: Greedy | None = None) -> tuple[float, int | None]:
+    """(max flow to `tolerance`, at most that far below the exact one; bottleneck_layer). `greedy`: the
+    placement's Greedy when the caller has prepared it (else prepared here, once for both)."""
+    if greedy is None:
+        greedy = Greedy(placement, num_layers)
+    flow = max_flow_of(placement, num_layers, tolerance, greedy)
     if flow <= 0:
         return flow, None
     # The true maximum is below flow / (1 - tolerance) < this probe, so the probe surely fails.
-    return flow, _first_short_layer(placement, num_layers, flow * (1 + 2 * tolerance))
-
-
-def _first_short_layer(placement: list[tuple[LayerRange, float]], num_layers: int, flow: float) -> int | None:
-    """feasible()'s greedy, returning the first layer it cannot feed (None: it feeds them all)."""
-    return _feed(placement, num_layers, flow, stop_at_first=True).first_short
+    return flow, greedy.feed(flow * (1 + 2 * tolerance), stop_at_first=True, track_unused=False).first_short
 
 
 @dataclass(frozen=True)
@@ -103,20 +102,17 @@ def feed_greedily(placement: list[tuple[LayerRange, float]], num_layers: int, fl
     `placement` lacks for `flow`, and `unused` says which peers' windows end with capacity nobody
     could take: where a placement search should shift windows (benchmarks/sim_optimum.climbed_placement).
     """
-    return _feed(placement, num_layers, flow, stop_at_first=False)
+    return Greedy(placement, num_layers).feed(flow, stop_at_first=False, track_unused=True)
 
 
-def _feed(placement: list[tuple[LayerRange, float]], num_layers: int, flow: float, stop_at_first: bool) -> GreedyFeed:
-    """The greedy of feasible() and feed_greedily(): stops at the first short layer or feeds them all."""
-    return _Greedy(placement, num_layers).feed(flow, stop_at_first, track_unused=not stop_at_first)
-
-
-class _Greedy:
+class Greedy:
     """Glover's greedy on one placement, prepared once and run at as many flows as a search needs.
 
     Between two consecutive interval ends or starts the open peers do not change, so the greedy
     feeds such a run of m layers in one go: m * flow drawn from the soonest-ending peers first,
     as layer-by-layer feeding would. O((peers) log peers), not O(layers): 3-4x faster at 7,000 layers.
+    `with_peer` prepares the placement with one more peer from this one at C speed, for a search
+    that tries one peer in many windows (routing.flow_move) without preparing the others again.
     """
 
     def __init__(self, placement: list[tuple[LayerRange, float]], num_layers: int) -> None:
@@ -126,9 +122,41 @@ class _Greedy:
             if capacity > 0:
                 starting.setdefault(layers.start, []).append((layers.end, capacity, index))
                 bounds.update((min(layers.start, num_layers), min(layers.end, num_layers)))
-        edges = sorted(bounds)
+        self.num_layers = num_layers
         self.peers = len(placement)
-        self.runs = [(first, stop, starting.get(first, ())) for first, stop in zip(edges, edges[1:])]
+        self.edges = sorted(bounds)  # every run's first layer, then num_layers
+        self.runs = [(first, stop, starting.get(first, ())) for first, stop in zip(self.edges, self.edges[1:])]
+
+    def with_peer(self, layers: LayerRange, capacity: float) -> Greedy:
+        """The greedy of this placement with (layers, capacity) appended: exactly what preparing the longer
+        placement gives (the same runs, the new peer last among those starting with it), in O(peers) copies."""
+        grown = object.__new__(Greedy)
+        grown.num_layers, grown.peers = self.num_layers, self.peers + 1
+        grown.edges, grown.runs = self.edges, self.runs
+        if capacity <= 0:
+            return grown
+        grown.edges, grown.runs = self.edges[:], self.runs[:]
+        start, end = min(layers.start, self.num_layers), min(layers.end, self.num_layers)
+        if start < self.num_layers:
+            grown._split_at(start)
+            at = bisect.bisect_left(grown.edges, start)
+            first, stop, starters = grown.runs[at]
+            grown.runs[at] = (first, stop, [*starters, (layers.end, capacity, self.peers)])
+        grown._split_at(end)
+        return grown
+
+    def carries(self, flow: float) -> bool:
+        """feasible(): can this placement carry `flow` tokens/s through every layer?"""
+        return flow <= 0 or self.feed(flow, stop_at_first=True, track_unused=False).first_short is None
+
+    def _split_at(self, edge: int) -> None:
+        """Make `edge` a run boundary (the run holding it splits; nobody starts at the second part)."""
+        at = bisect.bisect_left(self.edges, edge)
+        if at < len(self.edges) and self.edges[at] == edge:
+            return
+        first, stop, starters = self.runs[at - 1]
+        self.edges.insert(at, edge)
+        self.runs[at - 1:at] = [(first, edge, starters), (edge, stop, ())]
 
     def feed(self, flow: float, stop_at_first: bool, track_unused: bool) -> GreedyFeed:
         """Feed every layer `flow`; `stop_at_first`: return at the first short layer (its run's shortfall
@@ -136,13 +164,14 @@ class _Greedy:
         residue = flow * RELATIVE_TOLERANCE * 1e-3  # float residue, far below the search's tolerance
         unused = [0.0] * self.peers if track_unused else []
         open_peers: list[list] = []  # heap of [end, remaining capacity, index]
+        push, pop = heapq.heappush, heapq.heappop  # (the hot loop of every max flow: names bound once)
         first_short: int | None = None
         shortfall = 0.0
         for first, stop, starting in self.runs:
             for entry in starting:
-                heapq.heappush(open_peers, list(entry))
+                push(open_peers, list(entry))
             while open_peers and open_peers[0][0] <= first:
-                entry = heapq.heappop(open_peers)  # ended before this run: its rest is lost
+                entry = pop(open_peers)  # ended before this run: its rest is lost
                 if track_unused:
                     unused[entry[2]] = entry[1]
             need = (stop - first) * flow
@@ -155,11 +184,13 @@ class _Greedy:
                     shortfall += need
                     break
                 top = open_peers[0]
-                take = min(top[1], need)
-                need -= take
-                top[1] -= take
-                if top[1] <= 0:
-                    heapq.heappop(open_peers)
+                left = top[1]
+                if left <= need:  # the soonest-ending peer gives all it has left, and is done
+                    need -= left
+                    pop(open_peers)
+                else:  # it feeds the rest of the run (left - need > 0 for floats left > need)
+                    top[1] = left - need
+                    need = 0.0
         if track_unused:
             for entry in open_peers:
                 unused[entry[2]] = entry[1]
@@ -167,10 +198,11 @@ class _Greedy:
 
 
 def max_flow_of(placement: list[tuple[LayerRange, float]], num_layers: int,
-                tolerance: float = RELATIVE_TOLERANCE) -> float:
+                tolerance: float = RELATIVE_TOLERANCE, greedy: Greedy | None = None) -> float:
     """The largest tokens/s `placement` can carry through layers [0, num_layers) (0 if any is uncovered).
 
     Exact to a relative `tolerance` (the result is feasible and at most that far below the maximum).
+    `greedy`: the placement's Greedy when the caller has prepared it (Greedy.with_peer).
 
     The search steps down from above along the greedy's shortfall at a flow F (feed_greedily): the
     most a flow can be served is concave in F (a min over cuts, each linear in F), so the shortfall,
@@ -194,7 +226,8 @@ def max_flow_of(placement: list[tuple[LayerRange, float]], num_layers: int,
     hi = min(min(per_layer_cap), sum(c for _, c in placement) / num_layers)
     if hi <= 0:
         return 0.0
-    greedy = _Greedy(placement, num_layers)
+    if greedy is None:
+        greedy = Greedy(placement, num_layers)
     if greedy.feed(hi, stop_at_first=True, track_unused=False).first_short is None:
         return hi  # (an infeasible bound usually fails at its first layers: a cheap check)
     above: list[tuple[float, float]] = []  # (flow, shortfall) of the two lowest infeasible flows tried, lowest first

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from routing.balance import window_holding, window_total
-from routing.flow import feasible, feed_greedily, flow_and_bottleneck
+from routing.flow import Greedy, flow_and_bottleneck
 from routing.layer_view import (
     balanced_placement,
     crossing_throughput,
@@ -88,9 +88,11 @@ def flow_move_gain(my_capacity: float, swarm_capacity: float, share_gain: float 
     return min(FLOW_MOVE_GAIN, max(FLOW_MOVE_GAIN_FLOOR, share_gain * my_capacity / swarm_capacity))
 
 
-def swarm_flow(placement: list[tuple[LayerRange, float]], num_layers: int) -> tuple[float, int | None]:
-    """(max flow to FLOW_TOLERANCE, bottleneck layer) of a whole placement: what flow moves must beat."""
-    return flow_and_bottleneck(placement, num_layers, FLOW_TOLERANCE)
+def swarm_flow(placement: list[tuple[LayerRange, float]], num_layers: int,
+               greedy: Greedy | None = None) -> tuple[float, int | None]:
+    """(max flow to FLOW_TOLERANCE, bottleneck layer) of a whole placement: what flow moves must beat.
+    `greedy`: the placement's routing.flow.Greedy when the caller has prepared it."""
+    return flow_and_bottleneck(placement, num_layers, FLOW_TOLERANCE, greedy)
 
 
 def plan_flow_move(
@@ -123,7 +125,10 @@ def plan_flow_move(
     if not leaves_safely(current, others_online, others_staying, thin_limit):
         return None
     whole = [*others, (current, my_capacity)]
-    now, bottleneck = flow or swarm_flow(whole, num_layers)
+    # Others' placement prepared once: every window this peer is tried in is one more peer on it.
+    without_me = Greedy(others, num_layers)
+    as_now = without_me.with_peer(current, my_capacity)
+    now, bottleneck = flow or swarm_flow(whole, num_layers, as_now)
     if bottleneck is None or now <= 0:
         return None  # a gap comes first (should_move)
     if gain is None:
@@ -133,31 +138,32 @@ def plan_flow_move(
         if current.start <= bottleneck < current.end:
             return None
         target = window_holding(tier_throughput, len(current), bottleneck, tier_crossing)
-        return target if feasible([*others, (target, my_capacity)], num_layers, aim) else None
-    lacking = feed_greedily(whole, num_layers, aim)
+        return target if without_me.with_peer(target, my_capacity).carries(aim) else None
+    lacking = as_now.feed(aim, stop_at_first=False, track_unused=False)
     if lacking.first_short is None:
         return None  # within the flow's tolerance of the aim already
-    best = _least_lacking_window(others, num_layers, len(current), my_capacity, aim, lacking.first_short,
+    best = _least_lacking_window(without_me, len(current), my_capacity, aim, lacking.first_short,
                                  tier_throughput, tier_crossing, current)
     if best is None or best[1] > (1 - SHORTFALL_CUT) * lacking.shortfall:
         return None
-    if not feasible([*others, (best[0], my_capacity)], num_layers, now):
+    if not without_me.with_peer(best[0], my_capacity).carries(now):
         return None  # it would cut the shortfall by taking flow from elsewhere
     return best[0]
 
 
-def _least_lacking_window(others: list[tuple[LayerRange, float]], num_layers: int, k: int, my_capacity: float,
+def _least_lacking_window(others: Greedy, k: int, my_capacity: float,
                           aim: float, short_layer: int, tier_throughput: Sequence[float],
                           tier_crossing: Sequence[float] | None,
                           current: LayerRange) -> tuple[LayerRange, float] | None:
     """(window, shortfall at `aim` with this peer there) of the windows of k layers holding `short_layer`
-    other than `current`: the least shortfall, then the lowest window_total, then the lowest start."""
+    other than `current`, `others` the placement without this peer: the least shortfall, then the lowest
+    window_total, then the lowest start."""
     best: tuple[tuple[float, float, int], LayerRange] | None = None
-    for start in range(max(0, short_layer - k + 1), min(short_layer, num_layers - k) + 1):
+    for start in range(max(0, short_layer - k + 1), min(short_layer, others.num_layers - k) + 1):
         window = LayerRange(start, start + k)
         if window == current:
             continue
-        left = feed_greedily([*others, (window, my_capacity)], num_layers, aim).shortfall
+        left = others.with_peer(window, my_capacity).feed(aim, stop_at_first=False, track_unused=False).shortfall
         key = (left, window_total(tier_throughput, start, k, tier_crossing), start)
         if best is None or key < best[0]:
             best = (key, window)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.flow_move import mover_in, swarm_flow
+from routing.flow import max_flow_of
+from routing.flow_move import FLOW_TOLERANCE, mover_in, swarm_flow
 from routing.layer_view import balanced_placement, layer_counts
 from swarm.types import LayerRange, SwarmView
 
@@ -42,7 +43,7 @@ def strength_move_pays(others: list[tuple[LayerRange, float]], num_layers: int, 
     """
     if any(servers[layer] <= 1 for layer in range(target.start, target.end) if not current.start <= layer < current.end):
         return True
-    after, _ = swarm_flow([*others, (target, my_capacity)], num_layers)
+    after = max_flow_of([*others, (target, my_capacity)], num_layers, FLOW_TOLERANCE)  # swarm_flow's, no bottleneck
     return after > flow_now * (1 + GATE_MARGIN)
 
 

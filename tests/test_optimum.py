@@ -14,7 +14,15 @@ from benchmarks.sim_optimum import (
     ordered_placement,
     profile_placement,
 )
-from routing.flow import bottleneck_layer, capacity_bound, feasible, max_flow_of, max_flow_throughput
+from routing.flow import (
+    Greedy,
+    bottleneck_layer,
+    capacity_bound,
+    feasible,
+    feed_greedily,
+    max_flow_of,
+    max_flow_throughput,
+)
 from swarm.types import LayerRange, PeerState
 from tests.routing_helpers import rec, view
 
@@ -90,6 +98,29 @@ def test_the_secant_search_is_feasible_and_within_its_tolerance_of_a_plain_bisec
         found = max_flow_of(placement, num_layers, tolerance)
         assert feasible(placement, num_layers, found)
         assert lo * (1 - tolerance) <= found <= hi, (num_layers, placement)
+
+
+def test_a_greedy_grown_by_one_peer_is_the_greedy_of_the_longer_placement() -> None:
+    """Greedy.with_peer (a flow move tries one peer in many windows on others prepared once) gives the same
+    runs as preparing the placement with that peer appended, and so the same feeds, bit for bit: windows at
+    and off the others' bounds, at the model's ends, past it, and at no capacity."""
+    rng = random.Random(2)
+    for _ in range(300):
+        num_layers = rng.randint(1, 40)
+        others = random_placement(rng, num_layers, rng.randint(0, 12))
+        others += [(LayerRange(rng.randint(0, num_layers - 1), num_layers + rng.randint(1, 3)), 0.0)] * rng.randint(0, 1)
+        k = rng.randint(1, num_layers + 2)
+        start = rng.randint(0, num_layers + 1)
+        extra = (LayerRange(start, start + k), rng.choice([0.0, 1.0, 2.5]) * k)
+        prepared = Greedy(others, num_layers)
+        grown, whole = prepared.with_peer(*extra), Greedy([*others, extra], num_layers)
+        assert (grown.edges, grown.runs, grown.peers) == (whole.edges, whole.runs, whole.peers)
+        flow = rng.uniform(0.1, 5.0)
+        assert grown.feed(flow, False, True) == whole.feed(flow, False, True)
+        if all(layers.end <= num_layers for layers, _ in [*others, extra]):  # max_flow_of takes placements in the model
+            assert max_flow_of([*others, extra], num_layers, greedy=grown) == max_flow_of([*others, extra], num_layers)
+        # the prepared greedy itself is left as it was
+        assert prepared.feed(flow, False, True) == feed_greedily(others, num_layers, flow)
 
 
 def test_capacity_shared_across_non_adjacent_layers_is_counted_once() -> None:
