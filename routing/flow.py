@@ -216,14 +216,8 @@ def max_flow_of(placement: list[tuple[LayerRange, float]], num_layers: int,
     """
     if num_layers <= 0:
         raise ValueError(f"a model has at least one layer, got {num_layers}")
-    per_layer_thr = [0.0] * num_layers  # every peer spreading evenly: a feasible flow
-    per_layer_cap = [0.0] * num_layers  # every peer spending everything on one layer: a bound
-    for layers, capacity in placement:
-        for layer in range(layers.start, layers.end):
-            per_layer_thr[layer] += capacity / len(layers)
-            per_layer_cap[layer] += capacity
-    lo = min(per_layer_thr)
-    hi = min(min(per_layer_cap), sum(c for _, c in placement) / num_layers)
+    lo, most_on_one_layer = _even_spread_and_all_on_one(placement, num_layers)
+    hi = min(most_on_one_layer, sum(c for _, c in placement) / num_layers)
     if hi <= 0:
         return 0.0
     if greedy is None:
@@ -261,6 +255,26 @@ def max_flow_of(placement: list[tuple[LayerRange, float]], num_layers: int,
         if rounds >= MAX_SEARCH_ROUNDS // 2:
             step = "bisect"
     return lo
+
+
+def _even_spread_and_all_on_one(placement: list[tuple[LayerRange, float]], num_layers: int) -> tuple[float, float]:
+    """(min over layers of what every peer spreading evenly puts there: a feasible flow; min over layers of
+    its servers' whole capacities: a bound). Each layer's sums add its servers in placement order, as a loop
+    over every peer's every layer would, bit for bit; but the servers only change where a window starts or
+    ends, so each peer adds to the runs between such bounds instead of to each of its layers (a 10,500-layer
+    model has about 2.6 layers a run at 2,000 peers, and that loop took a third of a max flow's time)."""
+    if any(layers.end > num_layers for layers, _ in placement):
+        raise ValueError(f"a placement's windows must lie in the model's {num_layers} layers")
+    edges = sorted({0, num_layers, *(layers.start for layers, _ in placement), *(layers.end for layers, _ in placement)})
+    run_at = {edge: run for run, edge in enumerate(edges)}
+    even = [0.0] * (len(edges) - 1)
+    whole = [0.0] * (len(edges) - 1)
+    for layers, capacity in placement:
+        share = capacity / len(layers)
+        for run in range(run_at[layers.start], run_at[layers.end]):
+            even[run] += share
+            whole[run] += capacity
+    return min(even), min(whole)
 
 
 def max_flow_throughput(view: SwarmView, states: Iterable[PeerState] = (PeerState.ONLINE,)) -> float:

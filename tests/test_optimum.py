@@ -123,6 +123,27 @@ def test_a_greedy_grown_by_one_peer_is_the_greedy_of_the_longer_placement() -> N
         assert prepared.feed(flow, False, True) == feed_greedily(others, num_layers, flow)
 
 
+def test_the_search_brackets_are_the_per_layer_sums_bit_for_bit() -> None:
+    """max_flow_of starts from the min over layers of the even spread and of the servers' whole capacities,
+    summed per run of layers with the same servers: the same floats as summing every peer into every layer
+    in placement order (so the search, and every simulated run, takes the same steps as before)."""
+    from routing.flow import _even_spread_and_all_on_one
+
+    rng = random.Random(3)
+    for _ in range(500):
+        num_layers = rng.randint(1, 60)
+        placement = random_placement(rng, num_layers, rng.randint(0, 25))
+        placement += [(layers, rng.choice([0.0, 1 / 3, 0.1]) * len(layers)) for layers, _ in placement[:3]]
+        even, whole = [0.0] * num_layers, [0.0] * num_layers
+        for layers, capacity in placement:
+            for layer in range(layers.start, layers.end):
+                even[layer] += capacity / len(layers)
+                whole[layer] += capacity
+        assert _even_spread_and_all_on_one(placement, num_layers) == (min(even), min(whole))
+    with pytest.raises(ValueError, match="must lie in the model"):
+        _even_spread_and_all_on_one([(LayerRange(2, 6), 1.0)], 5)
+
+
 def test_capacity_shared_across_non_adjacent_layers_is_counted_once() -> None:
     # One peer of capacity 2 holds 0:3 and alone serves layers 0 and 2; layer 1 has plenty.
     # Checking each run of layers alone would allow 2 tokens/s; layers {0, 2} together share
