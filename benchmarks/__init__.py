@@ -21,6 +21,8 @@ Balancing (docs/balancing.md):
                             sim_trace.py its served max flow at every change (--trace)
 - sim_dips.py               a trace's loss below its median, by the event that opened each dip (crashes also
                             by the crashed peer's size, and the part before the crash was seen)
+- sim_seeds.py              several traced runs together: each one's share of the optimum, the mean with its
+                            spread, and the paired differences against the same seeds under another rule
 - sim_fragility.py          how much of the max flow one crash takes, against the profile placement
 - sim_optimum.py            the optimum: a MILP for small swarms, a bracket (optimum_bracket: one-pass placements
                             climbed by window shifts below, the capped bound above) for large ones
