@@ -93,8 +93,8 @@ def summarise_run(stem: Path) -> RunSummary:
         run=stem.name,
         time_mean=mean,
         median=100 * dips.median,
-        optimum_share_low=100 * mean / (100 * result["optimum_high_vs_bound"]),
-        optimum_share_high=100 * mean / (100 * result["optimum_low_vs_bound"]),
+        optimum_share_low=mean / result["optimum_high_vs_bound"],  # both % of sum(c) / L over a share of it: %
+        optimum_share_high=mean / result["optimum_low_vs_bound"],
         crashes=dips.lost_by_cause.get("crash", 0.0),
         time_at_zero=100 * dips.dark_share,
         moves_per_peer_hour=result["migrations_per_peer_hour"],
