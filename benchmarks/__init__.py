@@ -23,6 +23,8 @@ Balancing (docs/balancing.md):
                             by the crashed peer's size, and the part before the crash was seen)
 - sim_seeds.py              several traced runs together: each one's share of the optimum, the mean with its
                             spread, and the paired differences against the same seeds under another rule
+- sim_branches.py           a run forked every few minutes into branches under other rules (--branch), each
+                            paired with the run over the same window: rules that act on a crash, judged finely
 - sim_fragility.py          how much of the max flow one crash takes, against the profile placement
 - sim_optimum.py            the optimum: a MILP for small swarms, a bracket (optimum_bracket: one-pass placements
                             climbed by window shifts below, the capped bound above) for large ones

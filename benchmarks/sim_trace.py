@@ -76,6 +76,16 @@ class FlowTrace:
                                       -1 if bottleneck is None else bottleneck))
         self._cause, self._detail = "other", ""
 
+    def branch(self, now: float, path: Path) -> FlowTrace:
+        """A trace for a branch of the run forked at `now` (benchmarks/sim_branches.py): it starts where this one
+        stands, its last point's flow from `now` on, and writes to `path`."""
+        other = FlowTrace(path)
+        if self.points:
+            last = self.points[-1]
+            other.points.append(TracePoint(now, last.flow, "other", "the branch starts", last.bottleneck))
+        other._signature = self._signature
+        return other
+
     def finish(self, end: float) -> None:
         """Close the trace at `end` (the last point's flow held until then) and write the file."""
         if self.points:
@@ -88,6 +98,21 @@ class FlowTrace:
             for p in self.points:
                 out.write(json.dumps({"t": round(p.t, 3), "flow": round(p.flow, 5), "cause": p.cause,
                                       "detail": p.detail, "bottleneck": p.bottleneck}) + "\n")
+
+
+def window_mean(points: list[TracePoint], start: float, end: float) -> float:
+    """The exact time mean of a trace's flow over [start, end] (a step function: each point holds until the next;
+    the last one past the trace's end). ValueError if the trace starts after `start` or the window is empty."""
+    if not end > start:
+        raise ValueError(f"an empty window: [{start}, {end}]")
+    if not points or points[0].t > start:
+        raise ValueError(f"the trace starts after {start} s: it cannot say what was served then")
+    total = 0.0
+    for p, nxt in zip(points, [*points[1:], None]):
+        held_from, held_to = max(p.t, start), min(end if nxt is None else nxt.t, end)
+        if held_to > held_from:
+            total += p.flow * (held_to - held_from)
+    return total / (end - start)
 
 
 def read_trace(path: Path) -> list[TracePoint]:

@@ -34,6 +34,9 @@ than its first placement; --start profile starts the first peers at the near-opt
 instead of the join rule's (an oracle: what a better placement is worth under churn). --trace FILE
 writes the served max flow at every change of the measured hours with the event that caused it
 (benchmarks/sim_trace.py); benchmarks/sim_dips.py splits the time below the usual level by cause.
+--branch SPEC (with --trace) forks the run every --branch-every seconds of its measured hours into branches
+that run on --branch-horizon seconds under other rules, each paired with the run over the same window by
+benchmarks/sim_branches.py: a rule acting within a minute of a crash judged from identical states.
 An abrupt leaver stops serving at once, but its record (and so its weight in balancing) stays
 until it expires, 2/3 to 3/3 of RECORD_TTL_S later (peers re-announce every ttl / 3), or, when
 it was serving routes, until the crash watch drops it (peer/crash_watch.py): CRASH_SEEN_S after
@@ -109,11 +112,15 @@ import argparse
 import heapq
 import json
 import math
+import os
 import random
+import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from benchmarks.sim_branches import Brancher, BranchSpec, apply_overrides, validate
 from benchmarks.sim_optimum import optimum_bracket, profile_placement
 from benchmarks.sim_report import SimResult, format_table, plot
 from benchmarks.sim_swarm_state import SimPeer, SwarmArrays, WithoutPeer, array_mismatches, recount
@@ -272,6 +279,11 @@ class SimConfig:
     check_arrays: bool = False  # at every metric sample, compare the incremental arrays with a recount (tests)
     snapshots: str | None = None  # a JSONL file: the serving placement every SNAPSHOT_EVERY-th measured route sample
     trace: str | None = None  # a JSONL file: the served max flow at every change of the measured hours, with its cause (sim_trace)
+    # Branches (benchmarks/sim_branches.py): every branch_every_s of the measured hours the run forks, and each of
+    # `branches` (BranchSpec texts) runs on for branch_horizon_s from there with its overrides, traced to its own file.
+    branches: tuple[str, ...] = ()
+    branch_every_s: float = 600.0
+    branch_horizon_s: float = 600.0
 
 
 def draw_peer(pop: random.Random, index: int) -> SimPeer:
@@ -290,6 +302,18 @@ def initial_peers(pop: random.Random, count: int, redundancy: float, layers: int
 
 
 def simulate(cfg: SimConfig) -> SimResult:
+    """Run the swarm of `cfg`; with cfg.branches, forked branches write their traces and exit (sim_branches)."""
+    in_branch = [False]
+    try:
+        return _simulate(cfg, in_branch)
+    except BaseException:
+        if in_branch[0]:  # a forked branch must never return into its caller (a test runner, say) as a second copy
+            traceback.print_exc()
+            os._exit(1)
+        raise
+
+
+def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     wall0 = time.perf_counter()
     # Who arrives, when and how fast, and who leaves when (and how) come from `pop`; the swarm's
     # own choices (timers, tie orders) from `rng`. Runs of two policies with one seed then see
@@ -717,6 +741,12 @@ def simulate(cfg: SimConfig) -> SimResult:
         push(pop.expovariate(cfg.peers * leave_rate), "arrive")
     start = cfg.warmup_hours * per_hour
     end = start + cfg.hours * per_hour
+    brancher = None
+    if cfg.branches:
+        if tracer is None:
+            raise ValueError("branches are paired with the run's trace: give it one (trace)")
+        brancher = Brancher(Path(tracer.path), cfg.branch_every_s, cfg.branch_horizon_s,
+                            [BranchSpec.parse(text) for text in cfg.branches], start, end)
     if start > 0:
         push(start, "measure")  # before the metric sample at the same time (pushed first)
     for t in range(0, int(end) + 1, int(METRIC_PERIOD_S)):
@@ -750,6 +780,14 @@ def simulate(cfg: SimConfig) -> SimResult:
             tracer.observe(max(last, start), (sum(swarm.online_thr), swarm.gpu_uncovered, len(peers)), bool(swarm.gpu_uncovered),
                            lambda: _placement([q for q in peers.values() if q.served is not None], cfg.growing_share),
                            num_layers, lambda: sum(q.thr * q.k for q in peers.values()) / num_layers)
+        if brancher is not None and tracer is not None and now >= brancher.next_at:
+            spec = brancher.split(now)
+            if spec is not None:  # this process is the branch: its rules from here on, its own trace and end
+                in_branch[0] = True
+                apply_overrides(spec, cfg, sys.modules[__name__])
+                tracer = tracer.branch(now, brancher.trace_path(spec))
+                end = now + cfg.branch_horizon_s
+                brancher = None
         dt = now - last
         if swarm.uncovered:
             uncovered_time += dt
@@ -974,6 +1012,8 @@ def simulate(cfg: SimConfig) -> SimResult:
 
     if tracer is not None:
         tracer.finish(end)
+    if in_branch[0]:
+        os._exit(0)
     return SimResult(
         config=asdict(cfg),
         num_layers=num_layers,
@@ -1240,6 +1280,13 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--snapshots", type=Path, default=None,
                     help="append the serving placement of every 10th measured route sample to this JSONL file "
                          "(benchmarks/sim_fragility.py reads it: how deep one crash cuts the max flow)")
+    ap.add_argument("--branch", action="append", default=[], metavar="SPEC",
+                    help="fork the run every --branch-every seconds of its measured hours and run this branch on for "
+                         "--branch-horizon seconds from there, with its overrides: NAME:KEY=VALUE,... (KEY a SimConfig "
+                         "field or an upper-case constant, e.g. notices:CRASH_PUSH_S=0.5); repeat for more branches; "
+                         "needs --trace; compare with python -m benchmarks.sim_branches TRACE")
+    ap.add_argument("--branch-every", type=float, default=600.0, help="seconds between branch points (default 600)")
+    ap.add_argument("--branch-horizon", type=float, default=600.0, help="seconds each branch runs (default 600)")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
@@ -1256,6 +1303,10 @@ def main(argv: list[str] | None = None) -> SimResult:
     if not 0 <= a.standby_stream_host_slowdown < 1:
         ap.error(f"--standby-stream-host-slowdown is a share of the host's capacity in [0, 1), "
                  f"got {a.standby_stream_host_slowdown}")
+    if a.branch and a.trace is None:
+        ap.error("--branch pairs each branch with the run's trace: add --trace FILE")
+    if not (a.branch_every > 0 and a.branch_horizon > 0):
+        ap.error(f"--branch-every and --branch-horizon are seconds, > 0, got {a.branch_every} and {a.branch_horizon}")
     cfg = SimConfig(a.peers, a.hours, a.seed, a.churn, a.redundancy, a.layers, a.quality, a.balance_period,
                     load_s_per_layer=a.load_s_per_layer, move_load_s_per_layer=a.move_load_s_per_layer,
                     refill_load_s_per_layer=a.refill_load_s_per_layer,
@@ -1283,7 +1334,12 @@ def main(argv: list[str] | None = None) -> SimResult:
                     coordinated_loads=not a.no_coordinated_loads,
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
                     snapshots=None if a.snapshots is None else str(a.snapshots),
-                    trace=None if a.trace is None else str(a.trace))
+                    trace=None if a.trace is None else str(a.trace),
+                    branches=tuple(a.branch), branch_every_s=a.branch_every, branch_horizon_s=a.branch_horizon)
+    try:
+        validate([BranchSpec.parse(text) for text in cfg.branches], cfg, sys.modules[__name__])
+    except ValueError as e:
+        ap.error(str(e))
     result = simulate(cfg)
     print(format_table(result))
     out = a.json or Path(__file__).parent / "results" / f"swarm_{a.peers}p_{a.hours:g}h_s{a.seed}.json"
