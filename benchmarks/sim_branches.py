@@ -40,7 +40,7 @@ from benchmarks.sim_trace import read_trace, window_mean
 START_ONLY = frozenset({
     "peers", "hours", "seed", "churn", "redundancy", "layers", "warmup_hours", "start", "standby_share",
     "redundancy_aware", "guard_discount", "check_arrays", "snapshots", "trace",
-    "branch_every_s", "branch_horizon_s", "branches",
+    "branch_every_s", "branch_horizon_s", "branches", "branch_at_crashes",
 })
 
 
@@ -120,15 +120,23 @@ def branch_trace_path(trace: Path, window: int, name: str) -> Path:
 
 
 class Brancher:
-    """Forks the simulator at each window's start; `split` returns the spec in a branch, None in the trunk."""
+    """Forks the simulator at each window's start; `split` returns the spec in a branch, None in the trunk.
+
+    Windows start every `every_s` of the measured hours, or (`at_crashes`) at every crash of a serving peer
+    in them: a branch then starts as the crash happens, and its window holds what the rule does about that
+    crash (and any other within the horizon), from a swarm that has not yet parted from the trunk's."""
 
     def __init__(self, trace: Path, every_s: float, horizon_s: float, specs: list[BranchSpec], first_s: float,
-                 end_s: float) -> None:
+                 end_s: float, at_crashes: bool = False) -> None:
         self.trace, self.every_s, self.horizon_s, self.specs = trace, every_s, horizon_s, specs
-        self.next_at = first_s if first_s + horizon_s <= end_s else math.inf
-        self.end_s = end_s
+        self.first_s, self.end_s, self.at_crashes = first_s, end_s, at_crashes
+        self.next_at = first_s if first_s + horizon_s <= end_s and not at_crashes else math.inf
         self.windows: list[float] = []
         self.window = -1
+
+    def crash_opens_window(self, now: float) -> bool:
+        """With `at_crashes`: does a crash at `now` start a window (inside the measured hours, room for the horizon)?"""
+        return self.at_crashes and self.first_s <= now and now + self.horizon_s <= self.end_s
 
     def split(self, now: float) -> BranchSpec | None:
         """Fork one process per spec at `now`. The trunk waits for them all (a failed branch is an error),
@@ -144,11 +152,14 @@ class Brancher:
         failed = [spec.name for pid, spec in children if os.waitpid(pid, 0)[1] != 0]
         if failed:
             raise RuntimeError(f"branch {', '.join(failed)} at {now:.0f} s failed (its traceback is above)")
-        self.windows.append(now)
+        self.windows.append(round(now, 3))  # as the traces write their times (sim_trace.FlowTrace.write)
         nxt = now + self.every_s
-        self.next_at = nxt if nxt + self.horizon_s <= self.end_s else math.inf
+        if not self.at_crashes:
+            self.next_at = nxt if nxt + self.horizon_s <= self.end_s else math.inf
         manifest_path(self.trace).write_text(json.dumps({
-            "horizon_s": self.horizon_s, "branches": [s.name for s in self.specs],
+            "horizon_s": self.horizon_s, "measured_s": self.end_s - self.first_s,
+            "windows_at": "crashes" if self.at_crashes else f"every {self.every_s:g} s",
+            "branches": [s.name for s in self.specs],
             "overrides": {s.name: dict(s.overrides) for s in self.specs}, "windows": self.windows}, indent=1))
         return None
 
@@ -167,6 +178,10 @@ class BranchSummary:
     better_on: int  # windows where the branch's mean is higher
     worse_on: int
     trunk_mean: float  # the trunk's mean over those windows, % of sum(c) / L
+    # The differences' sum over the measured hours, in points of their time mean: sum(difference x horizon) /
+    # measured time, per run. Windows that tile the hours give `difference`; windows at crashes, what the rule
+    # would do to the time mean through those crashes' windows (overlaps counted in each).
+    over_the_run: float
 
 
 @dataclass(frozen=True)
@@ -184,6 +199,7 @@ def summarise(traces: list[Path]) -> BranchesReport:
     trunks: dict[str, list[float]] = {}
     overrides: dict[str, dict[str, str]] = {}
     horizon = None
+    measured = 0.0
     for trace in traces:
         manifest = manifest_path(trace)
         if not trace.is_file() or not manifest.is_file():
@@ -193,6 +209,7 @@ def summarise(traces: list[Path]) -> BranchesReport:
         if horizon is not None and m["horizon_s"] != horizon:
             raise SystemExit(f"{trace}: branches of {m['horizon_s']} s, the others' {horizon} s: pool like with like")
         horizon = m["horizon_s"]
+        measured += m["measured_s"]
         trunk = read_trace(trace)
         for w, start in enumerate(m["windows"]):
             base = 100 * window_mean(trunk, start, start + horizon)
@@ -206,19 +223,20 @@ def summarise(traces: list[Path]) -> BranchesReport:
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
         summaries.append(BranchSummary(name, overrides[name], len(values), statistics.fmean(values), sd,
                                        sd / math.sqrt(len(values)), sum(v > 0 for v in values),
-                                       sum(v < 0 for v in values), statistics.fmean(trunks[name])))
+                                       sum(v < 0 for v in values), statistics.fmean(trunks[name]),
+                                       sum(values) * horizon / measured))
     return BranchesReport([str(t) for t in traces], float(horizon or 0.0), summaries)
 
 
 def format_report(report: BranchesReport) -> str:
     lines = [f"{len(report.runs)} run(s), windows of {report.horizon_s:g} s; each branch's time mean minus the "
              "trunk's over the same window (points of sum(c) / L)",
-             "| branch | overrides | windows | trunk mean | difference | sd | se | better / worse on |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| branch | overrides | windows | trunk mean | difference | sd | se | better / worse on | over the run |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for b in report.branches:
         changes = ", ".join(f"{k}={v}" for k, v in b.overrides.items())
         lines.append(f"| {b.name} | {changes} | {b.windows} | {b.trunk_mean:.2f}% | {b.difference:+.2f} | {b.sd:.2f} "
-                     f"| {b.se:.2f} | {b.better_on} / {b.worse_on} |")
+                     f"| {b.se:.2f} | {b.better_on} / {b.worse_on} | {b.over_the_run:+.2f} |")
     return "\n".join(lines)
 
 

@@ -284,6 +284,7 @@ class SimConfig:
     branches: tuple[str, ...] = ()
     branch_every_s: float = 600.0
     branch_horizon_s: float = 600.0
+    branch_at_crashes: bool = False  # ... or at every crash of a serving peer in the measured hours
 
 
 def draw_peer(pop: random.Random, index: int) -> SimPeer:
@@ -746,7 +747,19 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         if tracer is None:
             raise ValueError("branches are paired with the run's trace: give it one (trace)")
         brancher = Brancher(Path(tracer.path), cfg.branch_every_s, cfg.branch_horizon_s,
-                            [BranchSpec.parse(text) for text in cfg.branches], start, end)
+                            [BranchSpec.parse(text) for text in cfg.branches], start, end, cfg.branch_at_crashes)
+
+    def branch_here(now: float) -> None:
+        """Fork the branches at `now`; in a branch, take its rules, trace and end from here on."""
+        nonlocal tracer, end, brancher
+        assert brancher is not None and tracer is not None
+        spec = brancher.split(now)
+        if spec is not None:
+            in_branch[0] = True
+            apply_overrides(spec, cfg, sys.modules[__name__])
+            tracer = tracer.branch(now, brancher.trace_path(spec))
+            end = now + cfg.branch_horizon_s
+            brancher = None
     if start > 0:
         push(start, "measure")  # before the metric sample at the same time (pushed first)
     for t in range(0, int(end) + 1, int(METRIC_PERIOD_S)):
@@ -780,14 +793,8 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
             tracer.observe(max(last, start), (sum(swarm.online_thr), swarm.gpu_uncovered, len(peers)), bool(swarm.gpu_uncovered),
                            lambda: _placement([q for q in peers.values() if q.served is not None], cfg.growing_share),
                            num_layers, lambda: sum(q.thr * q.k for q in peers.values()) / num_layers)
-        if brancher is not None and tracer is not None and now >= brancher.next_at:
-            spec = brancher.split(now)
-            if spec is not None:  # this process is the branch: its rules from here on, its own trace and end
-                in_branch[0] = True
-                apply_overrides(spec, cfg, sys.modules[__name__])
-                tracer = tracer.branch(now, brancher.trace_path(spec))
-                end = now + cfg.branch_horizon_s
-                brancher = None
+        if brancher is not None and now >= brancher.next_at:
+            branch_here(now)
         dt = now - last
         if swarm.uncovered:
             uncovered_time += dt
@@ -828,6 +835,8 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                     push(now + THIN_GRACE_S, "drained", pid)
                     maybe_react(now, 0.0)
             else:
+                if brancher is not None and p.served is not None and brancher.crash_opens_window(now):
+                    branch_here(now)
                 # Drawn here, not in leave(), so the trace can say it: until then no peer can react (sim_dips).
                 seen = cfg.vanished_seen_s if vanish.random() < cfg.vanished_share else CRASH_SEEN_S
                 if tracer is not None:
@@ -1287,6 +1296,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                          "needs --trace; compare with python -m benchmarks.sim_branches TRACE")
     ap.add_argument("--branch-every", type=float, default=600.0, help="seconds between branch points (default 600)")
     ap.add_argument("--branch-horizon", type=float, default=600.0, help="seconds each branch runs (default 600)")
+    ap.add_argument("--branch-at-crashes", action="store_true",
+                    help="start the branches at every crash of a serving peer in the measured hours instead of every "
+                         "--branch-every seconds: each branch from the moment of the crash, for what a rule does about it")
     ap.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/swarm_<peers>p_<hours>h_s<seed>.json")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of coverage/bottleneck over time")
     a = ap.parse_args(argv)
@@ -1335,7 +1347,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
                     snapshots=None if a.snapshots is None else str(a.snapshots),
                     trace=None if a.trace is None else str(a.trace),
-                    branches=tuple(a.branch), branch_every_s=a.branch_every, branch_horizon_s=a.branch_horizon)
+                    branches=tuple(a.branch), branch_every_s=a.branch_every, branch_horizon_s=a.branch_horizon,
+                    branch_at_crashes=a.branch_at_crashes)
     try:
         validate([BranchSpec.parse(text) for text in cfg.branches], cfg, sys.modules[__name__])
     except ValueError as e:

@@ -89,8 +89,29 @@ def test_the_report_pairs_each_branch_with_the_trunk(branched: tuple[Path, Path]
     # better: from the first decision that differs the branch's swarm goes its own way).
     assert by_name["blind"].difference < 0 and by_name["blind"].worse_on >= 1
     assert by_name["slow"].overrides == {"move_load_s_per_layer": "5", "thin": "false"}
+    # Windows that tile the measured time: the differences over the run are their mean.
+    assert by_name["slow"].over_the_run == pytest.approx(by_name["slow"].difference)
     # Two runs pool their windows.
     assert summarise([branched[0], branched[0]]).branches[1].windows == 2 * len(windows)
+
+
+def test_branches_at_crashes_start_as_each_serving_peer_crashes(tmp_path: Path) -> None:
+    trace = tmp_path / "crashes.trace"
+    done = simulate("--trace", str(trace), "--json", str(tmp_path / "crashes.json"), "--branch-at-crashes",
+                    "--branch-horizon", "60", "--branch", "same:MOVE_CONFIRM_S=1.0", "--branch", "blind:CRASH_SEEN_S=20")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads(manifest_path(trace).read_text())
+    trunk = read_trace(trace)
+    # A crash that takes flow is a point of the trace at the crash's time, its flow below the point before.
+    dropped = [p.t for before, p in zip(trunk, trunk[1:]) if p.cause == "crash" and p.flow < before.flow]
+    inside = [t for t in dropped if START_S <= t <= END_S - 60]
+    assert manifest["windows_at"] == "crashes" and len(inside) >= 3
+    assert set(inside) <= set(manifest["windows"]) <= {p.t for p in trunk if p.cause == "crash"}
+    report = {b.name: b for b in summarise([trace]).branches}
+    assert report["same"].difference == 0 and report["same"].windows == len(manifest["windows"])
+    assert report["blind"].difference < 0  # nobody reacts to those crashes for 20 s
+    blind = report["blind"]  # over the run: the windows' differences summed, over the measured time
+    assert blind.over_the_run == pytest.approx(blind.difference * blind.windows * 60 / (END_S - START_S))
 
 
 def test_the_cli_prints_the_table(branched: tuple[Path, Path]) -> None:
