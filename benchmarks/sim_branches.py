@@ -175,6 +175,9 @@ class BranchSummary:
     difference: float  # mean over the windows of the branch's time mean minus the trunk's, points of sum(c) / L
     sd: float
     se: float
+    # The middle difference: a branch whose path parts from the trunk's can meet a crash that darkens a layer
+    # where the trunk's did not, or the other way round, and one such window moves the mean by a point or more.
+    median: float
     better_on: int  # windows where the branch's mean is higher
     worse_on: int
     trunk_mean: float  # the trunk's mean over those windows, % of sum(c) / L
@@ -222,7 +225,7 @@ def summarise(traces: list[Path]) -> BranchesReport:
     for name, values in diffs.items():
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
         summaries.append(BranchSummary(name, overrides[name], len(values), statistics.fmean(values), sd,
-                                       sd / math.sqrt(len(values)), sum(v > 0 for v in values),
+                                       sd / math.sqrt(len(values)), statistics.median(values), sum(v > 0 for v in values),
                                        sum(v < 0 for v in values), statistics.fmean(trunks[name]),
                                        sum(values) * horizon / measured))
     return BranchesReport([str(t) for t in traces], float(horizon or 0.0), summaries)
@@ -231,12 +234,12 @@ def summarise(traces: list[Path]) -> BranchesReport:
 def format_report(report: BranchesReport) -> str:
     lines = [f"{len(report.runs)} run(s), windows of {report.horizon_s:g} s; each branch's time mean minus the "
              "trunk's over the same window (points of sum(c) / L)",
-             "| branch | overrides | windows | trunk mean | difference | sd | se | better / worse on | over the run |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| branch | overrides | windows | trunk mean | difference | sd | se | median | better / worse on | over the run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for b in report.branches:
         changes = ", ".join(f"{k}={v}" for k, v in b.overrides.items())
         lines.append(f"| {b.name} | {changes} | {b.windows} | {b.trunk_mean:.2f}% | {b.difference:+.2f} | {b.sd:.2f} "
-                     f"| {b.se:.2f} | {b.better_on} / {b.worse_on} | {b.over_the_run:+.2f} |")
+                     f"| {b.se:.2f} | {b.median:+.2f} | {b.better_on} / {b.worse_on} | {b.over_the_run:+.2f} |")
     return "\n".join(lines)
 
 

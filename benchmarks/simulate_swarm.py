@@ -55,7 +55,10 @@ refill a departed large peer's range in one move (--small-first-always: the fast
 peer whose leaving would leave one of its layers to a single server no standby guards waits one
 step more (routing.exposes_on_leaving; --exposing-peers-react-as-soon: the rule before), and one
 whose move would download its layers (its prefetch not done) decides after every peer that loads
-from disk (--downloaders-react-as-soon: the rule before). A
+from disk (--downloaders-react-as-soon: the rule before). A move's load starts after its
+confirmation (MOVE_CONFIRM_S), but a reacting peer that goes first among the peers that may decide with
+it on its layers skips it, and the others wait BEHIND_FIRST_CONFIRMS of them (peer/balancer.py
+must_confirm; --confirm-every-reaction: the rule before). A
 moving peer counts at its target at once (its record), so the others see the layers taken. Thin layers
 (routing.thin_layers: staying servers below THIN_SHARE of the mean layer throughput) wake them
 the same way, a draining peer whose layers would be thin without it stays while a peer
@@ -185,6 +188,9 @@ CRASH_PUSH_S = 1.0
 # peer/moves.py MOVE_CONFIRM_S: a mover announces its move and re-reads the view this much later before
 # it frees its old range and starts loading (two peers leaving one range at once both step back).
 MOVE_CONFIRM_S = 1.0
+# peer/balancer.py: a reaction that must confirm because a peer of its react step may go at once waits this
+# many confirmations (skew of the crash notice between peers, and a slow DHT store, covered twice over).
+BEHIND_FIRST_CONFIRMS = 2.0
 DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are not covered
 THIN_GRACE_S = 10.0  # peer/drain.py: covered but thin, a drainer waits this long for a replacement to start loading
 
@@ -270,6 +276,11 @@ class SimConfig:
     # A reacting peer whose move would download (not prefetched yet, with move_load_s_per_layer set) decides after
     # every peer that loads from disk (peer/balancer.py react_delay's `downloads`); False: by its size alone (the rule before).
     downloaders_react_last: bool = True
+    # A reacting peer skips its move's confirmation (MOVE_CONFIRM_S) when no peer serving its layers with a lower id
+    # may decide within MOVE_CONFIRM_S of it (peer/balancer.py must_confirm): the confirmation is there for two peers
+    # leaving one range at the same moment; of such peers the lowest id goes at once, the others confirm
+    # (BEHIND_FIRST_CONFIRMS times as long) and see it.
+    first_skips_confirm: bool = True
     serve_by_layer: bool = False  # a loading GPU peer (joiner or mover) serves each layer as it arrives (gpu_load_order)
     coordinated_loads: bool = True  # ... lighting first the dark layers other loaders reach last (routing.gap_weight)
     # Share of its capacity a GPU peer serving part of its window gets until the whole window is there:
@@ -620,10 +631,12 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         return view_flow[1]
 
     def try_move(p: SimPeer, now: float, delay: float = 0.0, reacting: bool = False, plan_only: bool = False,
-                 warm: LayerRange | None = None) -> LayerRange | None:
+                 warm: LayerRange | None = None, confirm_s: float | None = None) -> LayerRange | None:
         """Balance check of p (`reacting`: to a gap or thin layer): the target it moves to, or None; a move
-        decided now starts loading after `delay` (its react wait). `plan_only`: decide, do not move.
-        `warm`: layers p read into memory (SimConfig.pre_read "silent"): a target inside loads from there."""
+        decided now starts loading after `delay` (its react wait) and its confirmation (`confirm_s`, None:
+        MOVE_CONFIRM_S).
+        `plan_only`: decide, do not move. `warm`: layers p read into memory (SimConfig.pre_read "silent"): a
+        target inside loads from there."""
         others, counted = _balance_arrays(swarm, p.k, cfg, counts)
         others, counted = others[:], None if counted is None else counted[:]
         for layer in range(p.layers.start, p.layers.end):
@@ -662,10 +675,10 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         if target is None or plan_only:
             return target
         return commit_move(p, now, target, delay, reacting, "move_react" if reacting else "move_strength" if strength
-                           else "move_flow", warm)
+                           else "move_flow", warm, confirm_s)
 
     def commit_move(p: SimPeer, now: float, target: LayerRange, delay: float, reacting: bool, cause: str,
-                    warm: LayerRange | None) -> LayerRange:
+                    warm: LayerRange | None, confirm_s: float | None = None) -> LayerRange:
         """p moves to `target` (decided now, loading after `delay`); `warm`: what it read into memory."""
         nonlocal moves_from_memory
         if tracer is not None and not cfg.mover_serves_while_waiting:  # else the drop comes at "load_starts"
@@ -676,7 +689,8 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         # cannot keep the old one (a peer with room for both serves on, peer/moves.py migrate;
         # plan_move lets nobody move whose layers would go dark either way).
         swarm.stay(p.serving, p, -1)
-        starts = now + delay + (MOVE_CONFIRM_S if cfg.mover_serves_while_waiting else 0.0)
+        confirm_s = MOVE_CONFIRM_S if confirm_s is None else confirm_s
+        starts = now + delay + (confirm_s if cfg.mover_serves_while_waiting else 0.0)
         if cfg.mover_serves_while_waiting:
             p.leaving, p.leaving_cause = p.serving, cause
         else:
@@ -712,6 +726,30 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     def urgent() -> bool:
         """Does some layer have no staying server, or is it thin (routing.urgent_layers)?"""
         return 0 in swarm.staying_n or (cfg.thin and swarm.thin())
+
+    def must_confirm(q: SimPeer, candidates: list[SimPeer], delay: dict[str, float]) -> bool:
+        """peer/balancer.py must_confirm: might another peer serving q's layers, with a lower id, decide its
+        reaction within MOVE_CONFIRM_S of q? Its react delay is read as the peer reads it, from the view:
+        whether it exposes a layer or downloads its moves is not in its record, so every reading counts."""
+        if q.serving is None:
+            return True
+        largest = max(r.k for r in candidates)
+        smallest = min(r.k for r in candidates)
+        step = REACT_DELAY_PER_LAYER_S
+        for r in candidates:
+            if r.peer_id >= q.peer_id or r.serving is None or not (
+                    r.serving.start < q.serving.end and q.serving.start < r.serving.end):
+                continue
+            if swarm.gpu_uncovered or cfg.small_first_always:
+                base = step * (r.k - (smallest - 1 if cfg.gap_delay_from_smallest else 0))
+            else:
+                base = step * (largest - r.k + 1)
+            extras = [0.0, step]
+            if cfg.downloaders_react_last and cfg.move_load_s_per_layer is not None:
+                extras += [e + step * (largest - smallest + 2) for e in extras]
+            if any(abs(base + e - delay[q.peer_id]) < MOVE_CONFIRM_S for e in extras):
+                return True
+        return False
 
     def maybe_react(now: float, delay: float, pushed: bool = False) -> None:
         """Peers react at their next read of the view, or (`pushed`: a crash notice) CRASH_PUSH_S from now."""
@@ -902,7 +940,10 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
             for q in candidates:
                 if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
                     break  # every gap and thin layer has a server loading it
-                if try_move(q, now, delay[q.peer_id], reacting=True):
+                confirm_s = None  # the move's confirmation, as at a periodic check
+                if cfg.first_skips_confirm:
+                    confirm_s = BEHIND_FIRST_CONFIRMS * MOVE_CONFIRM_S if must_confirm(q, candidates, delay) else 0.0
+                if try_move(q, now, delay[q.peer_id], reacting=True, confirm_s=confirm_s):
                     migrations += 1
                     wake_standbys(now)
                     if not cfg.fast_fill:
@@ -1250,6 +1291,10 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--downloaders-react-as-soon", action="store_true",
                     help="with --prefetch-s: a reacting peer whose move would download its layers (its prefetch not "
                          "done) decides by its size alone, not after every peer that loads from disk (the rule before)")
+    ap.add_argument("--confirm-every-reaction", action="store_true",
+                    help="every reacting peer confirms its move for MOVE_CONFIRM_S (the rule before the forty-third "
+                         "session); default: one that goes first among the peers that may decide with it on its layers "
+                         "goes at once, the others confirm twice as long (peer/balancer.py must_confirm)")
     ap.add_argument("--serve-by-layer", nargs="?", const="all", choices=("all", "moves"),
                     help="a loading GPU peer serves each layer as it arrives, layers no GPU peer serves first, then the "
                          "thinnest: joiners and movers (all: what the GPU peer does), or movers only (moves: the "
@@ -1342,7 +1387,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     mover_serves_while_waiting=not a.mover_stops_at_decision, standby_pair_weight=a.standby_pair_weight,
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
                     react_clean_first=not a.exposing_peers_react_as_soon,
-                    downloaders_react_last=not a.downloaders_react_as_soon, serve_by_layer=a.serve_by_layer is not None,
+                    downloaders_react_last=not a.downloaders_react_as_soon,
+                    first_skips_confirm=not a.confirm_every_reaction, serve_by_layer=a.serve_by_layer is not None,
                     coordinated_loads=not a.no_coordinated_loads,
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
                     snapshots=None if a.snapshots is None else str(a.snapshots),

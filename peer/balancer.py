@@ -48,8 +48,18 @@ REACT_DELAY_PER_LAYER_S = 0.5
 # again after a random wait in this range (seconds), not at the next read of the view. Peers of
 # one size woken by the same crash notice (peer/crash_notices.py) decide within milliseconds of
 # each other: each sees the other leaving and both step back. At random times one goes first and
-# the other then sees its layers taken (the confirmation takes 1 s: peer/moves.py MOVE_CONFIRM_S).
+# the other then sees its layers taken (the confirmation takes MOVE_CONFIRM_S).
 STEP_BACK_RETRY_S = (1.0, 4.0)
+# After announcing a move, a peer waits this long and re-reads the swarm before acting on it (peer/moves.py
+# migrate): a peer that decided to leave the same layers at the same moment has announced its move by then (one
+# DHT store and one get on 127.0.0.1 take milliseconds, across the Internet a few hundred). A reaction skips it
+# when no peer serving its layers can decide within this long of it, or only peers that confirm (must_confirm).
+MOVE_CONFIRM_S = 1.0
+# ... and a reaction that must confirm because a peer of its react step may go at once waits this many
+# confirmations: it alone must see the other's announcement (two confirming peers need only one to see the
+# other), after a crash notice that reached the two up to ~0.6 s apart (four hops of gossip) and a DHT store
+# that may take a few hundred milliseconds; twice over.
+BEHIND_FIRST_CONFIRMS = 2.0
 # TEST ONLY: "START:END" makes a self-placing peer's first balance check that finds no strength
 # move, while its layers have other servers, take that range as its flow move, whatever the
 # measured throughputs say. A CPU test of tiny models cannot steer routing.flow_move's choice,
@@ -70,8 +80,9 @@ class Placement:
     visible_maddrs: Callable[[], list[str]]  # what we announce: a standby avoids guarding peers on our machine
     layers: Callable[[], LayerRange | None]
     throughput: Callable[[], float]
-    # (target, load order or None, the view it was decided on) -> False when it stepped back (Moves.migrate)
-    migrate: Callable[[LayerRange, Sequence[int] | None, SwarmView | None], Awaitable[bool]]
+    # (target, load order or None, the view it was decided on, seconds to confirm) -> False when it stepped back
+    # (Moves.migrate)
+    migrate: Callable[[LayerRange, Sequence[int] | None, SwarmView | None, float], Awaitable[bool]]
     open_sessions: Callable[[], int]  # sessions open here now (a standby that has any is in use: it stays)
     # (target, halted) -> read target's weights into the page cache until done or halted (Moves.pre_read);
     # None: no pre-reads
@@ -135,7 +146,8 @@ async def balance_loop(placement: Placement) -> None:
                 target, forced = _decide(placement, view, since, True, unused)
             if target is not None:
                 # Gaps and thin layers first, each served as it arrives (routing.move_load_order).
-                if await placement.migrate(target, move_load_order(view, placement.peer_id(), target), view):
+                order = move_load_order(view, placement.peer_id(), target)
+                if await placement.migrate(target, order, view, move_confirm_s(placement, view, woke is None)):
                     last_move = loop.time()
                 else:
                     decided_on = []  # stepped back (a peer leaving the same layers, a gap since): look again soon
@@ -245,10 +257,7 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
             failing = False
         urgent = urgent_layers(view)
         if urgent and urgent != decided_on and placement.peer_id() in view.records:
-            mine = placement.layers()
-            delay = react_delay(view, len(mine) if mine is not None else 1,
-                                exposes=exposes_on_leaving(view, placement.peer_id()),
-                                downloads=not placement.loads_from_disk())
+            delay = _my_react_delay(placement, view)
             logger.info("%d layers between %d and %d have no ONLINE server or are thin (a peer is draining, "
                         "gone or moving): deciding now (in %.1f s, after the peers that should go first)",
                         len(urgent), urgent[0], urgent[-1], delay)
@@ -260,6 +269,50 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
             except Exception:
                 return view
     return None
+
+
+def _my_react_delay(placement: Placement, view: SwarmView) -> float:
+    mine = placement.layers()
+    return react_delay(view, len(mine) if mine is not None else 1,
+                       exposes=exposes_on_leaving(view, placement.peer_id()), downloads=not placement.loads_from_disk())
+
+
+def move_confirm_s(placement: Placement, view: SwarmView, periodic: bool) -> float:
+    """How long a move decided on `view` waits for its confirmation: a periodic check's MOVE_CONFIRM_S; a reaction's
+    none when it goes first among the peers that may decide with it on its layers, else BEHIND_FIRST_CONFIRMS'."""
+    if periodic:
+        return MOVE_CONFIRM_S
+    if must_confirm(view, placement.peer_id(), _my_react_delay(placement, view)):
+        logger.info("a peer that may decide with us on layers %s goes first: confirming our move for %.0f s",
+                    placement.layers(), BEHIND_FIRST_CONFIRMS * MOVE_CONFIRM_S)
+        return BEHIND_FIRST_CONFIRMS * MOVE_CONFIRM_S
+    return 0.0
+
+
+def must_confirm(view: SwarmView, me: str, my_delay: float) -> bool:
+    """Must this peer's reaction (decided after waiting `my_delay`, react_delay) confirm its move (MOVE_CONFIRM_S)?
+
+    The confirmation is there for two peers that decide at the same moment to leave one range: each sees the
+    other's announcement and steps back. Peers decide a reaction one react step after another, and a peer
+    whose step is MOVE_CONFIRM_S or more from ours sees our announcement, or we its, as a confirmation would.
+    So only the peers serving one of our layers that may decide within MOVE_CONFIRM_S of us matter, read from
+    the view as they would read it (whether one exposes a layer or downloads its moves is not in its record:
+    every reading counts). Of those, the one with the lowest id goes at once and the others confirm
+    (BEHIND_FIRST_CONFIRMS x MOVE_CONFIRM_S) and see it: no two leave one range unseen, and a gap's first
+    refiller loads a second sooner (docs/balancing.md, forty-third session).
+    """
+    record = view.records.get(me)
+    if record is None:
+        return True
+    for other in view.online():
+        if (other.peer_id >= me or other.standby or other.moving_to is not None
+                or not (other.layers.start < record.layers.end and record.layers.start < other.layers.end)):
+            continue
+        size = len(other.layers)
+        if any(abs(react_delay(view, size, exposes, downloads) - my_delay) < MOVE_CONFIRM_S
+               for exposes in (False, True) for downloads in (False, True)):
+            return True
+    return False
 
 
 def react_delay(view: SwarmView, my_layers: int, exposes: bool = False, downloads: bool = False) -> float:

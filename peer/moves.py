@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import torch
 
+from peer.balancer import MOVE_CONFIRM_S
 from peer.config import DTYPES, PeerConfig
 from peer.engine import ServingEngine
 from peer.handler import StreamHandler
@@ -31,10 +32,6 @@ from swarm.types import LayerRange, PeerState, SwarmView
 logger = logging.getLogger(__name__)
 
 
-# After announcing a move, wait this long and re-read the swarm before acting on it: a peer that
-# decided to leave the same layers at the same moment has announced its move by then (one DHT
-# store and one get on 127.0.0.1 take milliseconds, across the Internet a few hundred).
-MOVE_CONFIRM_S = 1.0
 # A pre-read (shards.pre_read) stops after this long, and a move there reads the rest from disk: the
 # balance check that asked for it decides again once it is over, on a view as old as the read.
 # Two minutes read 24 layers of a 70B model at 0.3 GB/s, a slow SATA disk's speed.
@@ -72,13 +69,15 @@ class Moves:
     _build_engine: Callable[..., Awaitable[tuple[ServingEngine, float]]]
 
     async def migrate(self, target: LayerRange, order: Sequence[int] | None = None,
-                      decided_on: SwarmView | None = None) -> bool:
+                      decided_on: SwarmView | None = None, confirm_s: float = MOVE_CONFIRM_S) -> bool:
         """Serve `target` instead of the current range, without dropping a request silently.
 
-        The move is announced first, and checked once more MOVE_CONFIRM_S later: routing.plan_move
+        The move is announced first, and checked once more `confirm_s` later: routing.plan_move
         moves only a peer whose every layer has another server, but two peers on one range may
         decide to leave it at the same moment; each then sees the other's announcement and stays
         (returns False; the balancer retries at a jittered time, so one of them goes first).
+        With `confirm_s` 0 the move goes at once (peer/balancer.py must_confirm: a reaction that no
+        peer serving these layers can make at the same moment without confirming its own).
         With `decided_on` (the view the move was decided on) it also steps back when a layer
         outside `target` lost its last server since (routing.gaps_opened_since: a crash the
         crash watch saw meanwhile): gaps come first, and the next read decides for them.
@@ -99,8 +98,10 @@ class Moves:
         self.still_to_load = tuple(range(target.start, target.end) if order is None else order)
         try:
             await self._announce()
-            await asyncio.sleep(MOVE_CONFIRM_S)
-            why = self._step_back_reason(await self._balancing_view(), target, decided_on)
+            why = None
+            if confirm_s > 0:
+                await asyncio.sleep(confirm_s)
+                why = self._step_back_reason(await self._balancing_view(), target, decided_on)
             if why is not None:
                 logger.info("%s: staying on layers %s for now", why, self.layers)
                 self.loading, self.in_place = None, False

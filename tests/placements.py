@@ -11,10 +11,11 @@ from peer.config import PeerConfig
 from shards.config import ModelConfig
 from swarm.types import LayerRange, SwarmView
 
-Migrate = Callable[[LayerRange, "list[int] | None", "SwarmView | None"], Awaitable[bool]]
+Migrate = Callable[[LayerRange, "list[int] | None", "SwarmView | None", float], Awaitable[bool]]
 
 
-async def always_moves(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None) -> bool:
+async def always_moves(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None,
+                       confirm_s: float = 1.0) -> bool:
     return True
 
 

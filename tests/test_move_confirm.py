@@ -1,4 +1,5 @@
-"""Two peers that decide at the same moment to leave one range never both go (real peers, real DHT)."""
+"""Two peers that decide at the same moment to leave one range never both go (real peers, real DHT), also when
+the first goes without confirming (peer/balancer.py must_confirm)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from client.local_swarm import LocalSwarm
+from peer.balancer import BEHIND_FIRST_CONFIRMS, MOVE_CONFIRM_S, must_confirm
 from peer.config import PeerConfig
 from peer.server import PeerServer
 from swarm.types import LayerRange, PeerState
@@ -55,6 +57,42 @@ def test_two_peers_leaving_one_range_at_once_never_both_go(
             assert mover.layers == LayerRange(4, 8)
             assert await stayer.migrate(LayerRange(4, 8)) is False and stayer.layers == LayerRange(0, 4)
             assert (await stayer.node.fetch_view_async(name, 8)).uncovered_layers() == []
+        finally:
+            await asyncio.gather(a.stop(), b.stop(), return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_the_first_goes_at_once_and_the_second_confirms_and_stays(
+    tiny_model_factory, local_swarm: LocalSwarm
+) -> None:
+    model_path: Path = tiny_model_factory("llama", 8)
+    name = model_path.resolve().name
+    local_swarm.start_dht()
+    local_swarm.start_peer(model_path, "4:8")
+
+    async def scenario() -> None:
+        config = PeerConfig(model_path, LayerRange(0, 4), name, initial_peers=tuple(local_swarm.initial_peers),
+                            move_mode="beside")
+        a, b = PeerServer(config), PeerServer(config)
+        try:
+            await a.start()
+            await b.start()
+            deadline = time.monotonic() + 20
+            while len((await a.node.fetch_view_async(name, 8)).online()) < 3:
+                assert time.monotonic() < deadline, "the three peers never showed in the view"
+                await asyncio.sleep(0.2)
+            first, second = sorted((a, b), key=lambda s: s.peer_id)
+            # Both react at the same moment; must_confirm lets the lower id go at once and makes the other confirm.
+            view = await a.node.fetch_view_async(name, 8)
+            assert must_confirm(view, first.peer_id, 1.0) is False and must_confirm(view, second.peer_id, 1.0) is True
+            started = time.monotonic()
+            results = await asyncio.gather(first.migrate(LayerRange(4, 8), None, None, 0.0),
+                                           second.migrate(LayerRange(4, 8), None, None, BEHIND_FIRST_CONFIRMS * MOVE_CONFIRM_S))
+            assert results == [True, False]  # the second saw the first leaving 0:4 and stayed
+            assert first.layers == LayerRange(4, 8) and second.layers == LayerRange(0, 4)
+            assert (await a.node.fetch_view_async(name, 8)).uncovered_layers() == []
+            assert time.monotonic() - started >= BEHIND_FIRST_CONFIRMS * MOVE_CONFIRM_S  # the second waited to see
         finally:
             await asyncio.gather(a.stop(), b.stop(), return_exceptions=True)
 

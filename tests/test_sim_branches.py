@@ -84,6 +84,7 @@ def test_the_report_pairs_each_branch_with_the_trunk(branched: tuple[Path, Path]
         summary = by_name[name]
         assert summary.difference == pytest.approx(statistics.fmean(diffs))
         assert summary.sd == pytest.approx(statistics.stdev(diffs))
+        assert summary.median == pytest.approx(statistics.median(diffs))
         assert summary.better_on == sum(d > 0 for d in diffs) and summary.worse_on == sum(d < 0 for d in diffs)
     # Crashes seen 20 s late leave their layers dark longer: worse on the whole (a window may still come out
     # better: from the first decision that differs the branch's swarm goes its own way).

@@ -10,7 +10,15 @@ import pytest
 import routing.balance
 from benchmarks.sim_optimum import profile_placement
 from benchmarks.sim_trace import TRACE_TOLERANCE, read_trace
-from benchmarks.simulate_swarm import LOAD_S_PER_LAYER, SimConfig, format_table, initial_peers, main, simulate
+from benchmarks.simulate_swarm import (
+    LOAD_S_PER_LAYER,
+    MOVE_CONFIRM_S,
+    SimConfig,
+    format_table,
+    initial_peers,
+    main,
+    simulate,
+)
 
 # Every crash seen after 5 s: the crash model the rules of the eighth to eleventh sessions were
 # measured and these cases calibrated on, before dead processes (1.5 s) and vanished hosts (6.5 s,
@@ -46,6 +54,10 @@ FLOW_MOVES_75_MIN = dict(mover_share_gain=2.0, flow_move_cooldown_s=4500.0, flow
                          strength_gate=False)
 # Tests of strength moves calibrated before the twenty-ninth session let every one go (routing.move_gate).
 UNGATED = dict(strength_gate=False)
+# Tests calibrated before the forty-third session, when every reacting peer confirmed its move for MOVE_CONFIRM_S
+# (now one that goes first skips it, peer/balancer.py must_confirm), pin the rule before where their seeds
+# depend on it: a reaction a second sooner sends these 60-120-peer swarms down other paths.
+CONFIRM_EVERY_REACTION = dict(first_skips_confirm=False)
 
 
 def flat_stagger_weights(k: int) -> tuple[float, ...]:
@@ -184,7 +196,7 @@ def test_standbys_serve_the_layers_an_abrupt_crash_leaves_dark() -> None:
 
 def test_standby_guards_lift_the_discount_and_thin_layers_hold_drains_and_moves() -> None:
     # 120 peers at 2x, 30% of them with a standby, measured after a one-hour warm-up.
-    cfg = dict(**ABUTTING, **UNGATED, peers=120, hours=1.0, warmup_hours=1.0, graceful=0.5, redundancy=2.0,
+    cfg = dict(**CONFIRM_EVERY_REACTION, **ABUTTING, **UNGATED, peers=120, hours=1.0, warmup_hours=1.0, graceful=0.5, redundancy=2.0,
                standby_share=0.3, route_period_s=120, crash_watch=False, small_first_always=True)
     guarded, discounted = (simulate(SimConfig(**cfg, seed=0, flow_moves=False)),
                            simulate(SimConfig(**cfg, seed=0, guard_discount=False, flow_moves=False)))
@@ -362,7 +374,7 @@ def test_the_largest_peers_refill_thin_layers_in_fewer_moves() -> None:
     flow = {True: 0.0, False: 0.0}
     gaps = {True: 0, False: 0}
     for seed in (3, 5, 6):
-        cfg = dict(**SEEN_AFTER_5_S, **ABUTTING, **FLOW_MOVES_75_MIN, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2,
+        cfg = dict(**CONFIRM_EVERY_REACTION, **SEEN_AFTER_5_S, **ABUTTING, **FLOW_MOVES_75_MIN, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2,
                    redundancy=2.0, graceful=0.5, standby_share=0.3, route_period_s=120, react_clean_first=False)
         for always in (True, False):
             r = simulate(SimConfig(**cfg, small_first_always=always))
@@ -503,7 +515,7 @@ def test_loaders_of_a_dark_stretch_take_turns_so_episodes_on_standbys_alone_are_
     swarms, 4-28% less, 15% summed), and the same moves: only the load order changes."""
     before = after = 0.0
     for seed in (0, 1, 2, 3):
-        cfg = dict(**READ_NOT_PUSHED, **FIRST_STEP_PER_LAYER, **BY_SIZE_ALONE, peers=60, hours=1.0, seed=seed, churn=0.3,
+        cfg = dict(**CONFIRM_EVERY_REACTION, **READ_NOT_PUSHED, **FIRST_STEP_PER_LAYER, **BY_SIZE_ALONE, peers=60, hours=1.0, seed=seed, churn=0.3,
                    redundancy=2.0, graceful=0.0, standby_share=0.3, move_load_s_per_layer=2.0, prefetch_s=1200,
                    standby_by_layer=True, serve_by_layer=True)
         uncoordinated = simulate(SimConfig(**cfg, coordinated_loads=False))
@@ -625,7 +637,7 @@ def test_a_silent_pre_read_loads_periodic_moves_from_memory() -> None:
     first, periodic moves of peers whose prefetch is not done, and second decisions that went elsewhere),
     none without the reads, and the arrays stay exact every simulated minute (a peer that reads keeps
     serving and counting where it is)."""
-    cfg = dict(peers=100, hours=1.0, warmup_hours=0.5, seed=2, churn=0.1, redundancy=2.0, graceful=0.5,
+    cfg = dict(**CONFIRM_EVERY_REACTION, peers=100, hours=1.0, warmup_hours=0.5, seed=2, churn=0.1, redundancy=2.0, graceful=0.5,
                standby_share=0.3, route_period_s=120, move_load_s_per_layer=2.0, prefetch_s=1200,
                standby_by_layer=True, serve_by_layer=True, check_arrays=True)
     silent = simulate(SimConfig(**cfg, pre_read="silent"))
@@ -636,3 +648,26 @@ def test_a_silent_pre_read_loads_periodic_moves_from_memory() -> None:
     # "go": the move decided before the read goes after it, undecided again (45 of 85 from memory).
     go = simulate(SimConfig(**cfg, pre_read="go"))
     assert go.moves_from_memory > silent.moves_from_memory and go.coverage_time_fraction == 1.0
+
+
+def test_a_reaction_that_goes_first_loads_a_confirmation_sooner(tmp_path) -> None:
+    """peer/balancer.py must_confirm: a reacting peer that no peer of a lower id serving its layers may meet in
+    its react step goes at once, without the move's confirmation (MOVE_CONFIRM_S). Two runs, the rule off and on,
+    are the same run up to the first reaction: its load starts MOVE_CONFIRM_S sooner when it goes first, at the
+    same time when it must confirm, and on some seed it goes first."""
+    sooner = 0
+    for seed in (0, 1, 2, 3):
+        cfg = dict(peers=60, hours=0.5, warmup_hours=0.0, seed=seed, churn=0.6, redundancy=2.0, graceful=0.0,
+                   standby_share=0.3, route_period_s=600, move_load_s_per_layer=2.0, prefetch_s=1200,
+                   standby_by_layer=True, serve_by_layer=True)
+        starts = {}
+        for rule in (False, True):
+            trace = tmp_path / f"s{seed}_{rule}.jsonl"
+            simulate(SimConfig(**cfg, first_skips_confirm=rule, trace=str(trace)))
+            starts[rule] = next(p for p in read_trace(trace)
+                                if p.cause == "move_react" and p.detail.endswith("(its load starts)"))
+        assert starts[True].detail == starts[False].detail, seed  # the same peer's same move
+        gained = starts[False].t - starts[True].t
+        assert gained == pytest.approx(0.0, abs=2e-3) or gained == pytest.approx(MOVE_CONFIRM_S, abs=2e-3), (seed, gained)
+        sooner += gained > 0.5
+    assert sooner >= 1

@@ -33,7 +33,8 @@ def run_loop(model: Path, open_sessions: int) -> list[tuple[LayerRange, list[int
     async def fetch_view() -> SwarmView:
         return VIEW
 
-    async def migrate(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None) -> bool:
+    async def migrate(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None,
+                      confirm_s: float = 1.0) -> bool:
         moves.append((target, order))
         return True
 
@@ -105,7 +106,8 @@ def test_a_move_that_stepped_back_looks_again_within_seconds_not_at_the_next_rea
     async def fetch_view() -> SwarmView:
         return draining
 
-    async def migrate(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None) -> bool:
+    async def migrate(target: LayerRange, order: list[int] | None, decided_on: SwarmView | None,
+                      confirm_s: float = 1.0) -> bool:
         attempts.append(target)
         return len(attempts) > 1  # the first attempt steps back
 
