@@ -57,8 +57,7 @@ step more (routing.exposes_on_leaving; --exposing-peers-react-as-soon: the rule 
 whose move would download its layers (its prefetch not done) decides after every peer that loads
 from disk (--downloaders-react-as-soon: the rule before). A move's load starts after its
 confirmation (MOVE_CONFIRM_S), but a reacting peer that goes first among the peers that may decide with
-it on its layers skips it, and the others wait BEHIND_FIRST_CONFIRMS of them (peer/balancer.py
-must_confirm; --confirm-every-reaction: the rule before). A
+it on its layers skips it (peer/balancer.py must_confirm; --confirm-every-reaction: the rule before). A
 moving peer counts at its target at once (its record), so the others see the layers taken. Thin layers
 (routing.thin_layers: staying servers below THIN_SHARE of the mean layer throughput) wake them
 the same way, a draining peer whose layers would be thin without it stays while a peer
@@ -185,12 +184,9 @@ VANISHED_SEEN_S = 3.5
 # read: fan-out 8 reaches 2,000 peers in four hops of one round trip each (RTT_RANGE_S), plus one
 # DHT read of the view. 1 s, generously.
 CRASH_PUSH_S = 1.0
-# peer/moves.py MOVE_CONFIRM_S: a mover announces its move and re-reads the view this much later before
+# peer/balancer.py MOVE_CONFIRM_S: a mover announces its move and re-reads the view this much later before
 # it frees its old range and starts loading (two peers leaving one range at once both step back).
 MOVE_CONFIRM_S = 1.0
-# peer/balancer.py: a reaction that must confirm because a peer of its react step may go at once waits this
-# many confirmations (skew of the crash notice between peers, and a slow DHT store, covered twice over).
-BEHIND_FIRST_CONFIRMS = 2.0
 DRAIN_MAX_S = 600.0  # a draining peer leaves after this even if its layers are not covered
 THIN_GRACE_S = 10.0  # peer/drain.py: covered but thin, a drainer waits this long for a replacement to start loading
 
@@ -278,8 +274,7 @@ class SimConfig:
     downloaders_react_last: bool = True
     # A reacting peer skips its move's confirmation (MOVE_CONFIRM_S) when no peer serving its layers with a lower id
     # may decide within MOVE_CONFIRM_S of it (peer/balancer.py must_confirm): the confirmation is there for two peers
-    # leaving one range at the same moment; of such peers the lowest id goes at once, the others confirm
-    # (BEHIND_FIRST_CONFIRMS times as long) and see it.
+    # leaving one range at the same moment; of such peers the lowest id goes at once, the others confirm and see it.
     first_skips_confirm: bool = True
     serve_by_layer: bool = False  # a loading GPU peer (joiner or mover) serves each layer as it arrives (gpu_load_order)
     coordinated_loads: bool = True  # ... lighting first the dark layers other loaders reach last (routing.gap_weight)
@@ -942,7 +937,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                     break  # every gap and thin layer has a server loading it
                 confirm_s = None  # the move's confirmation, as at a periodic check
                 if cfg.first_skips_confirm:
-                    confirm_s = BEHIND_FIRST_CONFIRMS * MOVE_CONFIRM_S if must_confirm(q, candidates, delay) else 0.0
+                    confirm_s = MOVE_CONFIRM_S if must_confirm(q, candidates, delay) else 0.0
                 if try_move(q, now, delay[q.peer_id], reacting=True, confirm_s=confirm_s):
                     migrations += 1
                     wake_standbys(now)
@@ -1294,7 +1289,7 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--confirm-every-reaction", action="store_true",
                     help="every reacting peer confirms its move for MOVE_CONFIRM_S (the rule before the forty-third "
                          "session); default: one that goes first among the peers that may decide with it on its layers "
-                         "goes at once, the others confirm twice as long (peer/balancer.py must_confirm)")
+                         "goes at once (peer/balancer.py must_confirm)")
     ap.add_argument("--serve-by-layer", nargs="?", const="all", choices=("all", "moves"),
                     help="a loading GPU peer serves each layer as it arrives, layers no GPU peer serves first, then the "
                          "thinnest: joiners and movers (all: what the GPU peer does), or movers only (moves: the "

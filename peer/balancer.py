@@ -53,13 +53,8 @@ STEP_BACK_RETRY_S = (1.0, 4.0)
 # After announcing a move, a peer waits this long and re-reads the swarm before acting on it (peer/moves.py
 # migrate): a peer that decided to leave the same layers at the same moment has announced its move by then (one
 # DHT store and one get on 127.0.0.1 take milliseconds, across the Internet a few hundred). A reaction skips it
-# when no peer serving its layers can decide within this long of it, or only peers that confirm (must_confirm).
+# when it goes first among the peers that may decide with it on its layers (must_confirm).
 MOVE_CONFIRM_S = 1.0
-# ... and a reaction that must confirm because a peer of its react step may go at once waits this many
-# confirmations: it alone must see the other's announcement (two confirming peers need only one to see the
-# other), after a crash notice that reached the two up to ~0.6 s apart (four hops of gossip) and a DHT store
-# that may take a few hundred milliseconds; twice over.
-BEHIND_FIRST_CONFIRMS = 2.0
 # TEST ONLY: "START:END" makes a self-placing peer's first balance check that finds no strength
 # move, while its layers have other servers, take that range as its flow move, whatever the
 # measured throughputs say. A CPU test of tiny models cannot steer routing.flow_move's choice,
@@ -278,14 +273,12 @@ def _my_react_delay(placement: Placement, view: SwarmView) -> float:
 
 
 def move_confirm_s(placement: Placement, view: SwarmView, periodic: bool) -> float:
-    """How long a move decided on `view` waits for its confirmation: a periodic check's MOVE_CONFIRM_S; a reaction's
-    none when it goes first among the peers that may decide with it on its layers, else BEHIND_FIRST_CONFIRMS'."""
-    if periodic:
+    """How long a move decided on `view` waits for its confirmation: MOVE_CONFIRM_S, but a reaction that goes first
+    among the peers that may decide with it on its layers (must_confirm) goes at once."""
+    if periodic or must_confirm(view, placement.peer_id(), _my_react_delay(placement, view)):
         return MOVE_CONFIRM_S
-    if must_confirm(view, placement.peer_id(), _my_react_delay(placement, view)):
-        logger.info("a peer that may decide with us on layers %s goes first: confirming our move for %.0f s",
-                    placement.layers(), BEHIND_FIRST_CONFIRMS * MOVE_CONFIRM_S)
-        return BEHIND_FIRST_CONFIRMS * MOVE_CONFIRM_S
+    logger.info("no peer that may decide with us on layers %s goes before us: moving without a confirmation",
+                placement.layers())
     return 0.0
 
 
@@ -297,9 +290,11 @@ def must_confirm(view: SwarmView, me: str, my_delay: float) -> bool:
     whose step is MOVE_CONFIRM_S or more from ours sees our announcement, or we its, as a confirmation would.
     So only the peers serving one of our layers that may decide within MOVE_CONFIRM_S of us matter, read from
     the view as they would read it (whether one exposes a layer or downloads its moves is not in its record:
-    every reading counts). Of those, the one with the lowest id goes at once and the others confirm
-    (BEHIND_FIRST_CONFIRMS x MOVE_CONFIRM_S) and see it: no two leave one range unseen, and a gap's first
-    refiller loads a second sooner (docs/balancing.md, forty-third session).
+    every reading counts). Of those, the one with the lowest id goes at once and the others confirm. One of
+    the two still sees the other, whatever the crash notice's skew between them: the later decides on a view
+    that holds the earlier's announcement, or the earlier's confirmation a second on holds the later's, unless
+    their two DHT stores take over MOVE_CONFIRM_S together (two confirmations tolerate twice that). A gap's
+    first refiller loads a second sooner (docs/balancing.md, forty-third session).
     """
     record = view.records.get(me)
     if record is None:
@@ -375,7 +370,7 @@ async def standby_loop(placement: Placement) -> None:
                         target, mine)
             # The most exposed layers first, each served as it arrives (routing.standby_load_order).
             await placement.migrate(target, standby_load_order(view, placement.peer_id(), target,
-                                                               machines(view, placement)), view)
+                                                               machines(view, placement)), view, MOVE_CONFIRM_S)
         except asyncio.CancelledError:
             raise
         except Exception:
