@@ -5,19 +5,22 @@ their first differing decision; from there each has its own placement and each c
 2,000 peers two rules differ by about 1.4 points (sd) a seed and half a point takes some thirty paired
 hour-long runs (docs/balancing.md, forty-second session). A rule that acts within a minute of a crash
 (who reacts when, how soon a crash is known, how fast a refill loads) can be judged far more finely:
-`simulate_swarm --branch-every S --branch-horizon H --branch SPEC ...` forks the running simulator every S
-seconds of its measured hours; each branch sets its overrides and runs on for H seconds from that very
-state (the same swarm, the same departures to come: they are drawn from the population's own stream),
-writing its own trace, while the run itself (the trunk) waits, then goes on unchanged. The trunk's trace is
-the run's without branches, byte for byte. This module's CLI pairs each branch's time mean with the
-trunk's over the same window. What branches cannot show is what a rule does to the placement over hours:
-that still takes whole runs (benchmarks/sim_seeds.py).
+`simulate_swarm --branch-at-crashes --branch-horizon H --branch SPEC ...` forks the running simulator at
+every crash of a serving peer in its measured hours (or, with --branch-every S instead, every S seconds);
+each branch sets its overrides and runs on for H seconds from that very state (the same swarm, the same
+departures to come: they are drawn from the population's own stream), writing its own trace, while the run
+itself (the trunk) waits, then goes on unchanged. The trunk's trace is the run's without branches, byte for
+byte. This module's CLI pairs each branch's time mean with the trunk's over the same window. Windows of 60 s
+at crashes keep the two swarms together through a crash's response (0.5-2 points sd a window at 2,000
+peers); windows of minutes let them part, and a crash that darkens a layer in one and not the other moves a
+window by points (docs/balancing.md, forty-third session). What branches cannot show is what a rule does to
+the placement over hours: that still takes whole runs (benchmarks/sim_seeds.py).
 
 A SPEC is `NAME:KEY=VALUE,KEY=VALUE` (or just the overrides, which then name it): KEY is a SimConfig field
 read while the swarm runs (`move_load_s_per_layer=0.3`, `crash_push=false`) or one of the simulator's
 upper-case constants (`CRASH_PUSH_S=0.5`, `MOVE_CONFIRM_S=0`).
 
-    $Q ... --trace T.trace --branch-every 600 --branch-horizon 600 --branch notices:CRASH_PUSH_S=0.5
+    $Q ... --trace T.trace --branch-at-crashes --branch-horizon 60 --branch notices:CRASH_PUSH_S=0.5
     .venv/bin/python -m benchmarks.sim_branches T.trace [T2.trace ...] [--json OUT]
 """
 

@@ -267,6 +267,7 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
 
 
 def _my_react_delay(placement: Placement, view: SwarmView) -> float:
+    """This peer's react_delay on `view`."""
     mine = placement.layers()
     return react_delay(view, len(mine) if mine is not None else 1,
                        exposes=exposes_on_leaving(view, placement.peer_id()), downloads=not placement.loads_from_disk())

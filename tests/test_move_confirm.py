@@ -4,7 +4,9 @@ the first goes without confirming (peer/balancer.py must_confirm)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,24 @@ from swarm.types import LayerRange, PeerState
 pytestmark = pytest.mark.slow
 
 
+@contextlib.asynccontextmanager
+async def two_peers_on_0_4(model_path: Path, local_swarm: LocalSwarm) -> AsyncIterator[tuple[PeerServer, PeerServer]]:
+    """Two in-process peers on 0:4 beside a peer process on 4:8 (started by the caller), all three in the view."""
+    config = PeerConfig(model_path, LayerRange(0, 4), model_path.resolve().name,
+                        initial_peers=tuple(local_swarm.initial_peers), move_mode="beside")
+    a, b = PeerServer(config), PeerServer(config)
+    try:
+        await a.start()
+        await b.start()
+        deadline = time.monotonic() + 20
+        while len((await a.node.fetch_view_async(config.model_name, 8)).online()) < 3:
+            assert time.monotonic() < deadline, "the three peers never showed in the view"
+            await asyncio.sleep(0.2)
+        yield a, b
+    finally:
+        await asyncio.gather(a.stop(), b.stop(), return_exceptions=True)
+
+
 def test_two_peers_leaving_one_range_at_once_never_both_go(
     tiny_model_factory, local_swarm: LocalSwarm
 ) -> None:
@@ -27,16 +47,7 @@ def test_two_peers_leaving_one_range_at_once_never_both_go(
     local_swarm.start_peer(model_path, "4:8")  # keeps 4:8 served; 0:4 has exactly the two peers below
 
     async def scenario() -> None:
-        config = PeerConfig(model_path, LayerRange(0, 4), name, initial_peers=tuple(local_swarm.initial_peers),
-                            move_mode="beside")
-        a, b = PeerServer(config), PeerServer(config)
-        try:
-            await a.start()
-            await b.start()
-            deadline = time.monotonic() + 20
-            while len((await a.node.fetch_view_async(name, 8)).online()) < 3:
-                assert time.monotonic() < deadline, "the three peers never showed in the view"
-                await asyncio.sleep(0.2)
+        async with two_peers_on_0_4(model_path, local_swarm) as (a, b):
             # Each alone may leave 0:4 (the other keeps it), so both decide to, at the same moment. Each
             # announces its move, reads the view a second later, and stays if the other is leaving too.
             # Each store is awaited before the read, so at least one of the two sees the other's: at
@@ -57,8 +68,6 @@ def test_two_peers_leaving_one_range_at_once_never_both_go(
             assert mover.layers == LayerRange(4, 8)
             assert await stayer.migrate(LayerRange(4, 8)) is False and stayer.layers == LayerRange(0, 4)
             assert (await stayer.node.fetch_view_async(name, 8)).uncovered_layers() == []
-        finally:
-            await asyncio.gather(a.stop(), b.stop(), return_exceptions=True)
 
     asyncio.run(scenario())
 
@@ -72,16 +81,7 @@ def test_the_first_goes_at_once_and_the_second_confirms_and_stays(
     local_swarm.start_peer(model_path, "4:8")
 
     async def scenario() -> None:
-        config = PeerConfig(model_path, LayerRange(0, 4), name, initial_peers=tuple(local_swarm.initial_peers),
-                            move_mode="beside")
-        a, b = PeerServer(config), PeerServer(config)
-        try:
-            await a.start()
-            await b.start()
-            deadline = time.monotonic() + 20
-            while len((await a.node.fetch_view_async(name, 8)).online()) < 3:
-                assert time.monotonic() < deadline, "the three peers never showed in the view"
-                await asyncio.sleep(0.2)
+        async with two_peers_on_0_4(model_path, local_swarm) as (a, b):
             first, second = sorted((a, b), key=lambda s: s.peer_id)
             # Both react at the same moment; must_confirm lets the lower id go at once and makes the other confirm.
             view = await a.node.fetch_view_async(name, 8)
@@ -93,7 +93,5 @@ def test_the_first_goes_at_once_and_the_second_confirms_and_stays(
             assert first.layers == LayerRange(4, 8) and second.layers == LayerRange(0, 4)
             assert (await a.node.fetch_view_async(name, 8)).uncovered_layers() == []
             assert time.monotonic() - started >= MOVE_CONFIRM_S  # the second waited its confirmation
-        finally:
-            await asyncio.gather(a.stop(), b.stop(), return_exceptions=True)
 
     asyncio.run(scenario())
