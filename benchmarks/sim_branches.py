@@ -11,7 +11,7 @@ each branch sets its overrides and runs on for H seconds from that very state (t
 departures to come: they are drawn from the population's own stream), writing its own trace, while the run
 itself (the trunk) waits, then goes on unchanged. The trunk's trace is the run's without branches, byte for
 byte. This module's CLI pairs each branch's time mean with the trunk's over the same window. Windows of 60 s
-at crashes keep the two swarms together through a crash's response (0.5-2 points sd a window at 2,000
+at crashes keep the two swarms together through a crash's response (0.8-1.6 points sd a window at 2,000
 peers); windows of minutes let them part, and a crash that darkens a layer in one and not the other moves a
 window by points (docs/balancing.md, forty-third session). What branches cannot show is what a rule does to
 the placement over hours: that still takes whole runs (benchmarks/sim_seeds.py).

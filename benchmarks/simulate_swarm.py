@@ -626,12 +626,10 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         return view_flow[1]
 
     def try_move(p: SimPeer, now: float, delay: float = 0.0, reacting: bool = False, plan_only: bool = False,
-                 warm: LayerRange | None = None, confirm_s: float | None = None) -> LayerRange | None:
+                 warm: LayerRange | None = None) -> LayerRange | None:
         """Balance check of p (`reacting`: to a gap or thin layer): the target it moves to, or None; a move
-        decided now starts loading after `delay` (its react wait) and its confirmation (`confirm_s`, None:
-        MOVE_CONFIRM_S).
-        `plan_only`: decide, do not move. `warm`: layers p read into memory (SimConfig.pre_read "silent"): a
-        target inside loads from there."""
+        decided now starts loading after `delay` (its react wait) and its confirmation. `plan_only`: decide, do
+        not move. `warm`: layers p read into memory (SimConfig.pre_read "silent"): a target inside loads from there."""
         others, counted = _balance_arrays(swarm, p.k, cfg, counts)
         others, counted = others[:], None if counted is None else counted[:]
         for layer in range(p.layers.start, p.layers.end):
@@ -670,11 +668,11 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         if target is None or plan_only:
             return target
         return commit_move(p, now, target, delay, reacting, "move_react" if reacting else "move_strength" if strength
-                           else "move_flow", warm, confirm_s)
+                           else "move_flow", warm)
 
     def commit_move(p: SimPeer, now: float, target: LayerRange, delay: float, reacting: bool, cause: str,
-                    warm: LayerRange | None, confirm_s: float | None = None) -> LayerRange:
-        """p moves to `target` (decided now, loading after `delay`); `warm`: what it read into memory."""
+                    warm: LayerRange | None, confirm_s: float = MOVE_CONFIRM_S) -> LayerRange:
+        """p moves to `target` (decided now, loading after `delay` and `confirm_s`); `warm`: what it read into memory."""
         nonlocal moves_from_memory
         if tracer is not None and not cfg.mover_serves_while_waiting:  # else the drop comes at "load_starts"
             tracer.cause(cause, f"{p.peer_id} k={p.k} {p.layers} -> {target}")
@@ -684,7 +682,6 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         # cannot keep the old one (a peer with room for both serves on, peer/moves.py migrate;
         # plan_move lets nobody move whose layers would go dark either way).
         swarm.stay(p.serving, p, -1)
-        confirm_s = MOVE_CONFIRM_S if confirm_s is None else confirm_s
         starts = now + delay + (confirm_s if cfg.mover_serves_while_waiting else 0.0)
         if cfg.mover_serves_while_waiting:
             p.leaving, p.leaving_cause = p.serving, cause
@@ -722,27 +719,18 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         """Does some layer have no staying server, or is it thin (routing.urgent_layers)?"""
         return 0 in swarm.staying_n or (cfg.thin and swarm.thin())
 
-    def must_confirm(q: SimPeer, candidates: list[SimPeer], delay: dict[str, float]) -> bool:
+    def must_confirm(q: SimPeer, candidates: list[SimPeer], delay: dict[str, float],
+                     readings: dict[int, list[float]]) -> bool:
         """peer/balancer.py must_confirm: might another peer serving q's layers, with a lower id, decide its
-        reaction within MOVE_CONFIRM_S of q? Its react delay is read as the peer reads it, from the view:
-        whether it exposes a layer or downloads its moves is not in its record, so every reading counts."""
+        reaction within MOVE_CONFIRM_S of q? `readings[k]`: the react delays a k-layer peer may have, read as the
+        peer reads them from the view (whether it exposes a layer or downloads its moves is not in its record)."""
         if q.serving is None:
             return True
-        largest = max(r.k for r in candidates)
-        smallest = min(r.k for r in candidates)
-        step = REACT_DELAY_PER_LAYER_S
         for r in candidates:
             if r.peer_id >= q.peer_id or r.serving is None or not (
                     r.serving.start < q.serving.end and q.serving.start < r.serving.end):
                 continue
-            if swarm.gpu_uncovered or cfg.small_first_always:
-                base = step * (r.k - (smallest - 1 if cfg.gap_delay_from_smallest else 0))
-            else:
-                base = step * (largest - r.k + 1)
-            extras = [0.0, step]
-            if cfg.downloaders_react_last and cfg.move_load_s_per_layer is not None:
-                extras += [e + step * (largest - smallest + 2) for e in extras]
-            if any(abs(base + e - delay[q.peer_id]) < MOVE_CONFIRM_S for e in extras):
+            if any(abs(d - delay[q.peer_id]) < MOVE_CONFIRM_S for d in readings[r.k]):
                 return True
         return False
 
@@ -907,6 +895,9 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                 continue
             candidates = [q for q in peers.values() if not q.loading and not q.draining]
             rng.shuffle(candidates)
+            sizes = {q.k for q in candidates}
+            step = {k: 0.0 for k in sizes}  # a size's react delay before what a peer's record does not say
+            extras = [0.0]  # ... and what that may add: nothing while nobody waits (--no-fast-fill)
             delay = {q.peer_id: 0.0 for q in candidates}
             if cfg.fast_fill:
                 # Peers wait before deciding (peer/balancer.py react_delay), so they decide one size
@@ -914,12 +905,13 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                 # GPU server, the fastest loaders first, several in parallel; else (--small-first-always:
                 # always) the largest first: one refills a departed large peer's range in one move.
                 largest = max((q.k for q in candidates), default=0)
-                if swarm.gpu_uncovered or cfg.small_first_always:
-                    # One step for the smallest candidates, one more per layer held beyond theirs.
-                    not_waited = min((q.k for q in candidates), default=1) - 1 if cfg.gap_delay_from_smallest else 0
-                    delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * (q.k - not_waited) for q in candidates}
-                else:
-                    delay = {q.peer_id: REACT_DELAY_PER_LAYER_S * (largest - q.k + 1) for q in candidates}
+                smallest = min((q.k for q in candidates), default=1)
+                gap = bool(swarm.gpu_uncovered) or cfg.small_first_always
+                # On a gap one step for the smallest candidates, one more per layer held beyond theirs.
+                not_waited = smallest - 1 if cfg.gap_delay_from_smallest else 0
+                step = {k: REACT_DELAY_PER_LAYER_S * ((k - not_waited) if gap else (largest - k + 1)) for k in sizes}
+                delay = {q.peer_id: step[q.k] for q in candidates}
+                extras = [0.0, REACT_DELAY_PER_LAYER_S]
                 if cfg.react_clean_first:  # one step later for a peer whose leaving exposes a layer
                     for q in candidates:
                         # Standbys guard only where the GPU peers count them (guarded: None with --no-guard-discount).
@@ -927,18 +919,22 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                                                          for layer in range(q.serving.start, q.serving.end)):
                             delay[q.peer_id] += REACT_DELAY_PER_LAYER_S
                 if cfg.downloaders_react_last and cfg.move_load_s_per_layer is not None:
-                    smallest = min((q.k for q in candidates), default=0)
+                    downloads_s = REACT_DELAY_PER_LAYER_S * (largest - smallest + 2)
                     for q in candidates:
                         if now < q.prefetched_at:  # after every disk loader, exposing or not
-                            delay[q.peer_id] += REACT_DELAY_PER_LAYER_S * (largest - smallest + 2)
+                            delay[q.peer_id] += downloads_s
+                    extras += [e + downloads_s for e in extras]
                 candidates.sort(key=lambda q: delay[q.peer_id])
+            readings = {k: [step[k] + e for e in extras] for k in sizes}
             for q in candidates:
                 if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
                     break  # every gap and thin layer has a server loading it
-                confirm_s = None  # the move's confirmation, as at a periodic check
-                if cfg.first_skips_confirm:
-                    confirm_s = MOVE_CONFIRM_S if must_confirm(q, candidates, delay) else 0.0
-                if try_move(q, now, delay[q.peer_id], reacting=True, confirm_s=confirm_s):
+                target = try_move(q, now, delay[q.peer_id], reacting=True, plan_only=True)
+                if target is not None:  # only a peer that moves asks whether it must confirm
+                    confirm_s = MOVE_CONFIRM_S
+                    if cfg.first_skips_confirm and not must_confirm(q, candidates, delay, readings):
+                        confirm_s = 0.0
+                    commit_move(q, now, target, delay[q.peer_id], True, "move_react", None, confirm_s)
                     migrations += 1
                     wake_standbys(now)
                     if not cfg.fast_fill:

@@ -27,22 +27,22 @@ def swarm(*records: PeerRecord, num_layers: int = 32) -> SwarmView:
 
 
 # Every layer has a GPU server (the largest decide first); 4-layer "a" and "b" share 0:4 with 24-layer "big".
-THIN = swarm(record("big", 0, 24), record("a", 0, 4), record("b", 0, 4), record("c", 4, 8), record("d", 24, 32),
+SHARED = swarm(record("big", 0, 24), record("a", 0, 4), record("b", 0, 4), record("c", 4, 8), record("d", 24, 32),
              record("e", 16, 24))
 
 
 def test_two_peers_of_one_step_on_one_range_the_lower_id_goes_at_once() -> None:
-    delay = react_delay(THIN, 4)
-    assert must_confirm(THIN, "a", delay) is False  # "b" decides with it, but "a" goes first
-    assert must_confirm(THIN, "b", delay) is True  # ... and "b" confirms, and sees "a" leaving
+    delay = react_delay(SHARED, 4)
+    assert must_confirm(SHARED, "a", delay) is False  # "b" decides with it, but "a" goes first
+    assert must_confirm(SHARED, "b", delay) is True  # ... and "b" confirms, and sees "a" leaving
 
 
 def test_peers_of_other_steps_are_seen_as_a_confirmation_would_see_them() -> None:
     # "c" (4:8) shares its layers with "big" alone, whose step is (24 - 4) x 0.5 s away from its own.
-    assert abs(react_delay(THIN, 24) - react_delay(THIN, 4)) >= MOVE_CONFIRM_S
-    assert must_confirm(THIN, "c", react_delay(THIN, 4)) is False
+    assert abs(react_delay(SHARED, 24) - react_delay(SHARED, 4)) >= MOVE_CONFIRM_S
+    assert must_confirm(SHARED, "c", react_delay(SHARED, 4)) is False
     # ... and "big" (lower id than "c") goes first among the largest: nobody of its step shares its layers.
-    assert must_confirm(THIN, "big", react_delay(THIN, 24)) is False
+    assert must_confirm(SHARED, "big", react_delay(SHARED, 24)) is False
 
 
 def test_every_reading_of_a_neighbours_step_counts() -> None:
@@ -64,18 +64,18 @@ def test_standbys_movers_and_peers_elsewhere_do_not_count() -> None:
 
 
 def test_a_peer_missing_from_the_view_confirms() -> None:
-    assert must_confirm(THIN, "zz", react_delay(THIN, 4)) is True
+    assert must_confirm(SHARED, "zz", react_delay(SHARED, 4)) is True
 
 
 def test_a_periodic_move_confirms_and_a_reaction_only_behind_one_that_goes_first(tiny_model_factory) -> None:
     model: Path = tiny_model_factory("llama", 8)
 
     async def fetch_view() -> SwarmView:
-        return THIN
+        return SHARED
 
     def wait(me: str, periodic: bool) -> float:
-        layers = THIN.records[me].layers
-        return move_confirm_s(scripted_placement(model, fetch_view, peer_id=me, layers=layers), THIN, periodic)
+        layers = SHARED.records[me].layers
+        return move_confirm_s(scripted_placement(model, fetch_view, peer_id=me, layers=layers), SHARED, periodic)
 
     assert wait("a", periodic=True) == wait("b", periodic=True) == MOVE_CONFIRM_S
     assert wait("a", periodic=False) == 0.0  # goes first
