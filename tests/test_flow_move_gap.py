@@ -53,16 +53,22 @@ def test_a_sole_server_a_flow_move_left_next_to_a_gap_fills_it(tiny_model_factor
         try:
             wait_until(lambda: serving(node, name).get(mover.peer_id) == LayerRange(15, 30), 20,
                        "the mover on the uncovered 15:30")
+            second_came = len(mover.log_text())  # the mover's log from here on is its flow move's
             second = swarm.start_peer(model_path, "15:30", "--announce-ttl", TTL)
             # The mover may leave 15:30 now (second serves it): its next check makes the flow move.
             wait_until(lambda: serving(node, name).get(mover.peer_id) == FLOW_MOVE, 40,
                        f"the mover's flow move to {FLOW_MOVE}", poll=0.5)
             log = mover.log_text()
             assert f"the swarm's max flow runs dry in {FLOW_MOVE}: moving there from 15:30" in log, mover.log_tail()
-            # A periodic move: its layers were read into memory first (--pre-read), then decided on again.
-            read = log.index(f"of layers {FLOW_MOVE} into memory in")
-            assert log.index(f"moving to layers {FLOW_MOVE} would help the swarm: reading") < read, mover.log_tail()
-            assert read < log.index(f"moving from layers 15:30 to {FLOW_MOVE}"), mover.log_tail()
+            # A periodic move reads its layers into memory first (--pre-read), then is decided on again. On a
+            # loaded machine a record may miss one 1-s refresh of its 3-s TTL and wake the mover into a
+            # reaction, which moves at once (no pre-read); its log says so, and only then is the read not due.
+            moved = log.index(f"moving from layers 15:30 to {FLOW_MOVE}")
+            reading = log.rfind(f"moving to layers {FLOW_MOVE} would help the swarm: reading", second_came, moved)
+            reacted = log.rfind("deciding now", second_came, moved)
+            if reacted < 0 or reacted < reading:
+                read = log.find(f"of layers {FLOW_MOVE} into memory in", max(reading, 0))
+                assert 0 <= reading < read < moved, mover.log_tail()
             now = serving(node, name)
             assert now == {first.peer_id: LayerRange(0, 15), mover.peer_id: FLOW_MOVE,
                            second.peer_id: LayerRange(15, 30)}, now
