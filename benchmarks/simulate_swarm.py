@@ -180,9 +180,11 @@ CRASH_SEEN_S = 1.5
 # session) the client waited out its 30-s step timeout and a 15-s re-dial: the record expired first.
 VANISHED_SEEN_S = 3.5
 # Crash notices: the client that reports a suspect also tells a few peers, who tell a few more
-# (peer/crash_notices.py), so every peer probes and re-reads the view at once, not at its next watch
+# (peer/crash_notices.py), so every peer probes the suspect and looks at once, not at its next watch
 # read: fan-out 8 reaches 2,000 peers in four hops of one round trip each (RTT_RANGE_S), plus one
-# DHT read of the view. 1 s, generously.
+# DHT read of the view. 1 s, generously. (The peer starts its react delay on its last view less the
+# peer its probe found dead, and reads the view, records and reports at once, after it: one read on
+# the way, as here. Before the forty-fourth session it read twice, and the reports after the records.)
 CRASH_PUSH_S = 1.0
 # peer/balancer.py MOVE_CONFIRM_S: a mover announces its move and re-reads the view this much later before
 # it frees its old range and starts loading (two peers leaving one range at once both step back).

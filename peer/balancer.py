@@ -84,6 +84,9 @@ class Placement:
     pre_read: Callable[[LayerRange, threading.Event], Awaitable[object]] | None = None
     # Set by a crash notice (peer/crash_notices.py): the watch reads the view now, not at its next period.
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # The last view read, less the suspects heard of directly that fail our probe: no DHT read (the watch's
+    # first look after a crash notice); None before the first read. None: a notice reads the DHT's view.
+    heard_view: Callable[[], Awaitable[SwarmView | None]] | None = None
     # Do this peer's moves read their layers from disk (a local checkpoint, or a Hub model's prefetch done:
     # peer/prefetch.py)? False: a move downloads them, several times slower (react_delay's `downloads`).
     loads_from_disk: Callable[[], bool] = lambda: True
@@ -214,13 +217,15 @@ def forced_flow_move() -> LayerRange | None:
     return target
 
 
-async def _sleep_or_wake(placement: Placement, seconds: float) -> None:
-    """Sleep `seconds`, or less when a crash notice sets `placement.wake`."""
+async def _sleep_or_wake(placement: Placement, seconds: float) -> bool:
+    """Sleep `seconds`, or less when a crash notice sets `placement.wake`; True when one did."""
     try:
         await asyncio.wait_for(placement.wake.wait(), seconds)
     except asyncio.TimeoutError:
         pass
+    woken = placement.wake.is_set()
     placement.wake.clear()
+    return woken
 
 
 def _watch_wait(placement: Placement) -> float:
@@ -234,9 +239,10 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
     period = placement.config.watch_period
     failing = False  # the last read failed: say so once per streak, not every watch period
     while (left := due - loop.time()) > 0:
-        await _sleep_or_wake(placement, min(_watch_wait(placement), left))
+        woken = await _sleep_or_wake(placement, min(_watch_wait(placement), left))
         try:
-            view = await placement.fetch_view()
+            heard = await _heard_news(placement, decided_on) if woken else None
+            view = heard if heard is not None else await placement.fetch_view()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -247,15 +253,16 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
                                "succeeds, retrying every %.0f s", type(exc).__name__, exc, period)
             failing = True
             continue
-        if failing:
+        if failing and heard is None:
             logger.info("reading the swarm's view works again")
             failing = False
-        urgent = urgent_layers(view)
-        if urgent and urgent != decided_on and placement.peer_id() in view.records:
+        if _is_news(placement, view, decided_on):
+            urgent = urgent_layers(view)
             delay = _my_react_delay(placement, view)
             logger.info("%d layers between %d and %d have no ONLINE server or are thin (a peer is draining, "
-                        "gone or moving): deciding now (in %.1f s, after the peers that should go first)",
-                        len(urgent), urgent[0], urgent[-1], delay)
+                        "gone or moving%s): deciding now (in %.1f s, after the peers that should go first)",
+                        len(urgent), urgent[0], urgent[-1],
+                        "" if heard is None else "; seen on our last view, less the peer we were told of", delay)
             await asyncio.sleep(delay)
             try:
                 return await placement.fetch_view()
@@ -264,6 +271,23 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
             except Exception:
                 return view
     return None
+
+
+async def _heard_news(placement: Placement, decided_on: list[int]) -> SwarmView | None:
+    """Woken by a crash notice: the last view read less the suspects heard of that fail our probe
+    (Placement.heard_view), when it shows new urgent layers. The react delay then starts without a DHT
+    read (a probe's round trip, not a read's several), and the decision after it reads the DHT anyway.
+    None: read the DHT's view (nothing new here, as for a notice about a peer our last view did not list)."""
+    if placement.heard_view is None:
+        return None
+    heard = await placement.heard_view()
+    return heard if heard is not None and _is_news(placement, heard, decided_on) else None
+
+
+def _is_news(placement: Placement, view: SwarmView, decided_on: list[int]) -> bool:
+    """Does `view` show urgent layers not decided on yet, with our own record in it (to react from)?"""
+    urgent = urgent_layers(view)
+    return bool(urgent) and urgent != decided_on and placement.peer_id() in view.records
 
 
 def _my_react_delay(placement: Placement, view: SwarmView) -> float:

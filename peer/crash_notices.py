@@ -3,9 +3,11 @@
 Without them a self-placing peer learns of a suspect (peer/crash_watch.py) at its next read of the
 view, 5 s +-25% apart (peer/config.py WATCH_PERIOD_S): 3 s on average after the crash is known,
 while the crashed peer's layers serve at a fraction of their speed or not at all. A notice
-(swarm.schema.CrashNotice, sent by swarm.notices.tell) wakes the balancer's watch at once; a peer
-that hears of a suspect first, or whose own probe finds one dead, tells FANOUT random peers in
-turn, so the whole swarm looks within a few round trips (docs/balancing.md, thirty-fourth session).
+(swarm.schema.CrashNotice, sent by swarm.notices.tell) wakes the balancer's watch at once, which
+looks first at its last view less the suspect, once its own probe fails too (no DHT read before
+its react delay); a peer that hears of a suspect first, or whose own probe finds one dead, tells
+FANOUT random peers in turn, so the whole swarm looks within a few round trips (docs/balancing.md,
+thirty-fourth and forty-fourth sessions).
 
 Hostile senders: a notice is only a reason to look sooner. The suspect leaves the balancing view
 only when this peer's own probe fails too (CrashWatch). A notice about ourselves, or about an

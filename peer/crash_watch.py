@@ -44,13 +44,19 @@ class CrashWatch:
         self.on_dead = on_dead  # (peer id, announcement) on each new failed probe: we tell others
         self._verdicts: dict[tuple[str, float], bool] = {}  # (peer id, updated) -> answered our probe
 
-    async def screen(self, view: SwarmView) -> SwarmView:
-        suspects = self.heard()
+    async def read_reports(self) -> dict[str, float]:
+        """The suspects clients reported on the DHT; none when the read fails (we screen on what we heard)."""
         try:
-            reported = await self.fetch_suspects()
-        except Exception as e:  # the DHT read failed: screen on what we heard directly, if anything
+            return await self.fetch_suspects()
+        except Exception as e:
             logger.debug("could not read the suspects: %s", e)
-            reported = {}
+            return {}
+
+    async def screen(self, view: SwarmView, reported: dict[str, float] | None = None) -> SwarmView:
+        """`view` less the suspects (heard, or `reported`: read_reports, or read now when None) our probe fails."""
+        suspects = self.heard()
+        if reported is None:
+            reported = await self.read_reports()
         for peer_id, announced in reported.items():
             suspects[peer_id] = max(announced, suspects.get(peer_id, announced))
         suspected: list[tuple[str, float]] = []  # (peer id, announcement) of suspects still in the view

@@ -4,6 +4,7 @@ what was heard is screened like a DHT report, and the watch wakes on it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from pathlib import Path
 
@@ -148,6 +149,19 @@ def test_a_heard_suspect_is_probed_without_any_dht_report_and_a_dead_one_is_pass
     assert dead == [("dead", 10.0)], "once per announcement"
 
 
+def test_a_view_screened_on_what_was_heard_reads_no_reports() -> None:
+    async def reports() -> dict[str, float]:
+        raise AssertionError("read the DHT's reports")
+
+    async def probe(peer_id: str) -> bool:
+        return peer_id != "dead"
+
+    watch = CrashWatch(reports, probe, lambda: "me", lambda: {"dead": 10.0})
+    assert "dead" not in asyncio.run(watch.screen(VIEW, reported={})).records
+    told_only = CrashWatch(reports, probe, lambda: "me")  # nothing heard: nothing to drop
+    assert asyncio.run(told_only.screen(VIEW, reported={})) is VIEW
+
+
 def test_recipients_are_random_distinct_and_bounded() -> None:
     picks = {tuple(notice_recipients(VIEW, "dead", ("me",), random.Random(seed), fanout=3)) for seed in range(20)}
     assert len(picks) > 1, "random, so waves take different paths"
@@ -178,3 +192,37 @@ def test_a_notice_wakes_the_watch_long_before_its_period(tiny_model_factory) -> 
     assert asyncio.run(watch()) is without_dead
     assert reads == 2  # woken: one read found the gap, one more after the react delay
     assert not placement.wake.is_set(), "cleared for the next notice"
+
+
+@pytest.mark.parametrize("heard_shows_the_gap", [True, False])
+def test_a_notice_starts_the_react_delay_on_the_view_heard_without_a_dht_read(tiny_model_factory,
+                                                                              heard_shows_the_gap: bool) -> None:
+    """Woken by a notice, the watch looks at the last view less the suspects heard of (Placement.heard_view):
+    when that shows the gap it waits its react delay and reads the DHT once, for the decision; when it shows
+    nothing new (a notice about a peer the last view did not list) it reads the DHT's view first, as before."""
+    model: Path = tiny_model_factory("llama", 8)
+    without_dead = SwarmView("m", 8, {p: r for p, r in VIEW.records.items() if p != "dead"})
+    # Not showing the gap: the crashed peer's record is still there, and its layers have as many servers as 4:8.
+    covered = SwarmView("m", 8, {**VIEW.records, **{f"q{i:02d}": record(f"q{i:02d}") for i in range(20)}})
+    heard = SwarmView("m", 8, dict(without_dead.records)) if heard_shows_the_gap else covered
+    reads: list[str] = []
+
+    async def fetch_view() -> SwarmView:
+        reads.append("dht")
+        return without_dead
+
+    async def heard_view() -> SwarmView:
+        reads.append("heard")
+        return heard
+
+    placement = dataclasses.replace(
+        scripted_placement(model, fetch_view, peer_id="me", layers=LayerRange(4, 8), watch_period=60.0),
+        heard_view=heard_view)
+
+    async def watch() -> SwarmView | None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, placement.wake.set)
+        return await asyncio.wait_for(balancer._watch_until(placement, loop.time() + 120.0, []), 5.0)
+
+    assert asyncio.run(watch()) is without_dead, "the decision is taken on the DHT's view after the delay"
+    assert reads == (["heard", "dht"] if heard_shows_the_gap else ["heard", "dht", "dht"])
