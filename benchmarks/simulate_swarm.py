@@ -49,7 +49,7 @@ Reaction, timed as peer/balancer.py does: peers re-read the DHT every WATCH_PERI
 and decide at once (routing.urgent_layers) when some layer has no ONLINE server: a DRAINING
 sole server, or a gap whose record expired. Peers wait first (peer/balancer.py react_delay):
 while some layer has no GPU server, REACT_DELAY_PER_LAYER_S per layer they hold more than the
-smallest peers, plus one step (--gap-delay-per-layer-held: per layer they hold), so the fastest
+smallest peers (--react-first-step: plus one; --gap-delay-per-layer-held: per layer they hold), so the fastest
 loaders move first, in parallel while gaps are left; otherwise the largest peers first, which
 refill a departed large peer's range in one move (--small-first-always: the fastest always); a
 peer whose leaving would leave one of its layers to a single server no standby guards waits one
@@ -278,6 +278,9 @@ class SimConfig:
     # may decide within MOVE_CONFIRM_S of it (peer/balancer.py must_confirm): the confirmation is there for two peers
     # leaving one range at the same moment; of such peers the lowest id goes at once, the others confirm and see it.
     first_skips_confirm: bool = True
+    # Steps the first deciders of a reaction wait (the smallest on a gap, the largest on thin layers; peer/balancer.py
+    # REACT_FIRST_STEPS): none; 1: the rule before the forty-fourth session.
+    react_first_steps: int = 0
     serve_by_layer: bool = False  # a loading GPU peer (joiner or mover) serves each layer as it arrives (gpu_load_order)
     coordinated_loads: bool = True  # ... lighting first the dark layers other loaders reach last (routing.gap_weight)
     # Share of its capacity a GPU peer serving part of its window gets until the whole window is there:
@@ -910,8 +913,9 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                 smallest = min((q.k for q in candidates), default=1)
                 gap = bool(swarm.gpu_uncovered) or cfg.small_first_always
                 # On a gap one step for the smallest candidates, one more per layer held beyond theirs.
-                not_waited = smallest - 1 if cfg.gap_delay_from_smallest else 0
-                step = {k: REACT_DELAY_PER_LAYER_S * ((k - not_waited) if gap else (largest - k + 1)) for k in sizes}
+                first = cfg.react_first_steps
+                not_waited = smallest - first if cfg.gap_delay_from_smallest else 0
+                step = {k: REACT_DELAY_PER_LAYER_S * ((k - not_waited) if gap else (largest - k + first)) for k in sizes}
                 delay = {q.peer_id: step[q.k] for q in candidates}
                 extras = [0.0, REACT_DELAY_PER_LAYER_S]
                 if cfg.react_clean_first:  # one step later for a peer whose leaving exposes a layer
@@ -1288,6 +1292,9 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="every reacting peer confirms its move for MOVE_CONFIRM_S (the rule before the forty-third "
                          "session); default: one that goes first among the peers that may decide with it on its layers "
                          "goes at once (peer/balancer.py must_confirm)")
+    ap.add_argument("--react-first-step", action="store_true",
+                    help="the first deciders of a reaction (the smallest peers on a gap, the largest on thin layers) "
+                         "wait one step, 0.5 s (the rule before the forty-fourth session); default: they decide at once")
     ap.add_argument("--serve-by-layer", nargs="?", const="all", choices=("all", "moves"),
                     help="a loading GPU peer serves each layer as it arrives, layers no GPU peer serves first, then the "
                          "thinnest: joiners and movers (all: what the GPU peer does), or movers only (moves: the "
@@ -1381,7 +1388,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
                     react_clean_first=not a.exposing_peers_react_as_soon,
                     downloaders_react_last=not a.downloaders_react_as_soon,
-                    first_skips_confirm=not a.confirm_every_reaction, serve_by_layer=a.serve_by_layer is not None,
+                    first_skips_confirm=not a.confirm_every_reaction, react_first_steps=int(a.react_first_step), serve_by_layer=a.serve_by_layer is not None,
                     coordinated_loads=not a.no_coordinated_loads,
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
                     snapshots=None if a.snapshots is None else str(a.snapshots),

@@ -44,6 +44,11 @@ JITTER = 0.25
 # (peer/server.py migrate), so the next size sees the layers taken. 0.5 s: a DHT announcement is
 # visible to others well within one step (4 vs 8 layers).
 REACT_DELAY_PER_LAYER_S = 0.5
+# Steps the first deciders wait (the smallest peers on a gap, the largest on thin layers): none. The steps
+# are there so that each size sees what the sizes before it took; the first have nobody before them,
+# and peers of their own size that share a layer with them confirm their moves (must_confirm). One
+# step until the forty-fourth session: every reaction 0.5 s later for nothing (docs/balancing.md).
+REACT_FIRST_STEPS = 0
 # A move that stepped back because another peer leaves the same layers at the same moment looks
 # again after a random wait in this range (seconds), not at the next read of the view. Peers of
 # one size woken by the same crash notice (peer/crash_notices.py) decide within milliseconds of
@@ -340,8 +345,8 @@ def react_delay(view: SwarmView, my_layers: int, exposes: bool = False, download
 
     While some layer has no ONLINE or DRAINING server but standbys (SwarmView.uncovered_layers),
     every second stops clients or holds them to a standby's pace: the fastest loaders (the fewest
-    layers, a move reloads them all) decide first, several in parallel, after one step; the others
-    a step per layer more than the view's smallest peers hold. Otherwise (layers thin, or
+    layers, a move reloads them all) decide first, several in parallel, at once (REACT_FIRST_STEPS);
+    the others a step per layer more than the view's smallest peers hold. Otherwise (layers thin, or
     served only by a draining peer) a slower refill costs some throughput, not service: the
     largest peers decide first, since one of them refills a departed large peer's range in one
     move where 4-layer peers need one move per 4 layers, each a reload (docs/balancing.md,
@@ -365,8 +370,8 @@ def react_delay(view: SwarmView, my_layers: int, exposes: bool = False, download
     if downloads:
         extra += REACT_DELAY_PER_LAYER_S * (max(largest - smallest, 0) + 2)
     if view.uncovered_layers(standbys=False):
-        return REACT_DELAY_PER_LAYER_S * (max(my_layers - smallest, 0) + 1) + extra
-    return REACT_DELAY_PER_LAYER_S * (max(largest - my_layers, 0) + 1) + extra
+        return REACT_DELAY_PER_LAYER_S * (max(my_layers - smallest, 0) + REACT_FIRST_STEPS) + extra
+    return REACT_DELAY_PER_LAYER_S * (max(largest - my_layers, 0) + REACT_FIRST_STEPS) + extra
 
 
 async def standby_loop(placement: Placement) -> None:

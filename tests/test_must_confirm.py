@@ -46,13 +46,13 @@ def test_peers_of_other_steps_are_seen_as_a_confirmation_would_see_them() -> Non
 
 
 def test_every_reading_of_a_neighbours_step_counts() -> None:
-    # A 4-layer "a0" beside an 8-layer "b8" (no gap: the largest, 8, first): b8 after one step, a0 after
-    # five, or six if it exposes a layer. A peer deciding 4.5 steps in may meet either reading of a0's.
+    # A 4-layer "a0" beside an 8-layer "b8" (no gap: the largest, 8, first): b8 at once, a0 after
+    # four steps, or five if it exposes a layer. A peer deciding 3.5 steps in may meet either reading of a0's.
     view = swarm(record("a0", 0, 4), record("b8", 0, 8), record("c8", 4, 12), record("d8", 8, 16), num_layers=16)
-    assert react_delay(view, 4) == 5 * REACT_DELAY_PER_LAYER_S
-    assert react_delay(view, 4, exposes=True) == 6 * REACT_DELAY_PER_LAYER_S
-    assert must_confirm(view, "b8", 4.5 * REACT_DELAY_PER_LAYER_S) is True
-    assert must_confirm(view, "b8", react_delay(view, 8)) is False  # a0's earliest, 5 steps, is 2 s after b8's
+    assert react_delay(view, 4) == 4 * REACT_DELAY_PER_LAYER_S
+    assert react_delay(view, 4, exposes=True) == 5 * REACT_DELAY_PER_LAYER_S
+    assert must_confirm(view, "b8", 3.5 * REACT_DELAY_PER_LAYER_S) is True
+    assert must_confirm(view, "b8", react_delay(view, 8)) is False  # a0's earliest, 4 steps, is 2 s after b8's
 
 
 def test_standbys_movers_and_peers_elsewhere_do_not_count() -> None:

@@ -26,7 +26,7 @@ STANDBY_ONLY = swarm(record("big", 0, 8), record("small", 0, 4), record("mid", 0
 def test_the_largest_peer_decides_first_when_every_layer_has_a_gpu_server() -> None:
     delays = {k: react_delay(THIN, k) for k in (4, 8, 16)}
     assert delays[16] < delays[8] < delays[4]
-    assert delays[16] == REACT_DELAY_PER_LAYER_S  # the largest in the view: at once, after one step
+    assert delays[16] == 0.0  # the largest in the view: at once (nobody goes before them)
     assert delays[4] - delays[8] == 4 * REACT_DELAY_PER_LAYER_S  # one step per layer of difference
 
 
@@ -35,9 +35,9 @@ def test_the_fastest_loader_decides_first_while_a_layer_has_no_gpu_server() -> N
     assert STANDBY_ONLY.uncovered_layers(standbys=False) == list(range(8, 16))
     delays = {k: react_delay(STANDBY_ONLY, k) for k in (4, 8)}
     assert delays[4] < delays[8]
-    # The smallest in the view go after one step, not one per layer they hold: every second here
-    # holds clients to a standby's pace.
-    assert delays[4] == REACT_DELAY_PER_LAYER_S
+    # The smallest in the view go at once, not after a step per layer they hold: every second here
+    # holds clients to a standby's pace, and nobody decides before them.
+    assert delays[4] == 0.0
     assert delays[8] - delays[4] == 4 * REACT_DELAY_PER_LAYER_S  # one step per layer of difference
 
 

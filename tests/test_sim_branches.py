@@ -16,7 +16,8 @@ from benchmarks.sim_trace import TracePoint, read_trace, window_mean
 ROOT = Path(__file__).resolve().parent.parent
 # 60 peers at 2x, 60%/h churn (half of it abrupt), 30% standbys: several crashes in every 5-min window.
 RUN = ["--peers", "60", "--hours", "0.25", "--warmup-hours", "0.25", "--churn", "0.6", "--redundancy", "2",
-       "--graceful", "0.5", "--standby-share", "0.3", "--route-period", "600", "--seed", "3"]
+       "--graceful", "0.5", "--standby-share", "0.3", "--route-period", "600", "--seed", "3",
+       "--react-first-step"]  # calibrated on the rule before the forty-fourth session
 # "same" sets a constant to its own value: the trunk's run, window by window. "blind": crashes seen after 20 s
 # instead of 1.5, "slow": moves loading at 5 s a layer; both change what crashes cost.
 BRANCHES = ["same:CRASH_PUSH_S=1.0", "blind:CRASH_SEEN_S=20", "slow:move_load_s_per_layer=5,thin=false"]

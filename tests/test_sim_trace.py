@@ -13,10 +13,11 @@ from benchmarks.simulate_swarm import GPU_CLASSES, SimConfig, simulate
 ROOT = Path(__file__).resolve().parent.parent
 # 60 peers at 2x, 30%/h churn, half of it abrupt, 30% standbys, loads by layer from disk: crashes,
 # drains, moves, joins and loaders all happen within the hour.
-# Calibrated before the forty-third session: every reaction confirms its move (first_skips_confirm=False).
+# Calibrated before the forty-third session: every reaction confirms its move (first_skips_confirm=False), and its
+# first deciders wait one step (react_first_steps=1, the rule before the forty-fourth).
 CASE = dict(peers=60, hours=1.0, warmup_hours=0.5, seed=1, churn=0.3, redundancy=2.0, graceful=0.5,
             standby_share=0.3, move_load_s_per_layer=2.0, prefetch_s=1200, standby_by_layer=True, serve_by_layer=True,
-            first_skips_confirm=False)
+            first_skips_confirm=False, react_first_steps=1)
 
 
 def test_the_trace_is_the_flow_the_simulator_samples_and_changes_nothing(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from benchmarks.sim_trace import TRACE_TOLERANCE, read_trace
 from benchmarks.simulate_swarm import (
     LOAD_S_PER_LAYER,
     MOVE_CONFIRM_S,
+    REACT_DELAY_PER_LAYER_S,
     SimConfig,
     format_table,
     initial_peers,
@@ -58,6 +59,9 @@ UNGATED = dict(strength_gate=False)
 # (now one that goes first skips it, peer/balancer.py must_confirm), pin the rule before where their seeds
 # depend on it: a reaction a second sooner sends these 60-120-peer swarms down other paths.
 CONFIRM_EVERY_REACTION = dict(first_skips_confirm=False)
+# Tests calibrated before the forty-fourth session, when a reaction's first deciders waited one step (now none:
+# peer/balancer.py REACT_FIRST_STEPS), pin the rule before where their seeds depend on it, for the same reason.
+FIRST_DECIDERS_WAIT_A_STEP = dict(react_first_steps=1)
 
 
 def flat_stagger_weights(k: int) -> tuple[float, ...]:
@@ -301,7 +305,7 @@ def test_a_vanished_host_seen_by_the_stall_probe_costs_less_than_one_waited_out(
     out its 30-s step timeout and 15-s re-dial (48 s: the record expires first), so gaps are shorter
     and, with standbys, less time is spent on standbys alone (seeds 0, 3, 5, 6 summed; measured 31 vs
     47 s per gap, 9.0% vs 18.4% of the hour on standbys alone)."""
-    costs = crash_costs(dict(vanished_share=1.0, **READ_NOT_PUSHED),
+    costs = crash_costs(dict(vanished_share=1.0, **READ_NOT_PUSHED, **FIRST_DECIDERS_WAIT_A_STEP),
                         {seen: dict(vanished_seen_s=seen) for seen in (6.5, 48.0)})
     (probed, standby_probed), (waited, standby_waited) = costs[6.5], costs[48.0]
     assert probed < 0.8 * waited, f"mean gap {probed:.0f} s seen by the stall probe vs {waited:.0f} s waited out"
@@ -374,7 +378,7 @@ def test_the_largest_peers_refill_thin_layers_in_fewer_moves() -> None:
     flow = {True: 0.0, False: 0.0}
     gaps = {True: 0, False: 0}
     for seed in (3, 5, 6):
-        cfg = dict(**CONFIRM_EVERY_REACTION, **SEEN_AFTER_5_S, **ABUTTING, **FLOW_MOVES_75_MIN, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2,
+        cfg = dict(**CONFIRM_EVERY_REACTION, **FIRST_DECIDERS_WAIT_A_STEP, **SEEN_AFTER_5_S, **ABUTTING, **FLOW_MOVES_75_MIN, peers=100, hours=1.0, warmup_hours=0.5, seed=seed, churn=0.2,
                    redundancy=2.0, graceful=0.5, standby_share=0.3, route_period_s=120, react_clean_first=False)
         for always in (True, False):
             r = simulate(SimConfig(**cfg, small_first_always=always))
@@ -515,7 +519,8 @@ def test_loaders_of_a_dark_stretch_take_turns_so_episodes_on_standbys_alone_are_
     swarms, 4-28% less, 15% summed), and the same moves: only the load order changes."""
     before = after = 0.0
     for seed in (0, 1, 2, 3):
-        cfg = dict(**CONFIRM_EVERY_REACTION, **READ_NOT_PUSHED, **FIRST_STEP_PER_LAYER, **BY_SIZE_ALONE, peers=60, hours=1.0, seed=seed, churn=0.3,
+        cfg = dict(**CONFIRM_EVERY_REACTION, **FIRST_DECIDERS_WAIT_A_STEP, **READ_NOT_PUSHED, **FIRST_STEP_PER_LAYER,
+                   **BY_SIZE_ALONE, peers=60, hours=1.0, seed=seed, churn=0.3,
                    redundancy=2.0, graceful=0.0, standby_share=0.3, move_load_s_per_layer=2.0, prefetch_s=1200,
                    standby_by_layer=True, serve_by_layer=True)
         uncoordinated = simulate(SimConfig(**cfg, coordinated_loads=False))
@@ -671,3 +676,22 @@ def test_a_reaction_that_goes_first_loads_a_confirmation_sooner(tmp_path) -> Non
         assert gained == pytest.approx(0.0, abs=2e-3) or gained == pytest.approx(MOVE_CONFIRM_S, abs=2e-3), (seed, gained)
         sooner += gained > 0.5
     assert sooner >= 1
+
+
+def test_a_reactions_first_deciders_load_a_step_sooner_without_waiting_it(tmp_path) -> None:
+    """peer/balancer.py REACT_FIRST_STEPS: the first deciders of a reaction (the smallest peers on a gap, the largest
+    on thin layers) wait no step, and every later size as many steps after them as before. Two runs, the first
+    deciders waiting one step and none, are the same run up to the first reaction: the same peer's same move, its
+    load starting exactly one step (REACT_DELAY_PER_LAYER_S) sooner."""
+    for seed in (0, 1, 2, 3):
+        cfg = dict(peers=60, hours=0.5, warmup_hours=0.0, seed=seed, churn=0.6, redundancy=2.0, graceful=0.0,
+                   standby_share=0.3, route_period_s=600, move_load_s_per_layer=2.0, prefetch_s=1200,
+                   standby_by_layer=True, serve_by_layer=True)
+        starts = {}
+        for steps in (1, 0):
+            trace = tmp_path / f"s{seed}_{steps}.jsonl"
+            simulate(SimConfig(**cfg, react_first_steps=steps, trace=str(trace)))
+            starts[steps] = next(p for p in read_trace(trace)
+                                 if p.cause == "move_react" and p.detail.endswith("(its load starts)"))
+        assert starts[0].detail == starts[1].detail, seed  # the same peer's same move
+        assert starts[1].t - starts[0].t == pytest.approx(REACT_DELAY_PER_LAYER_S, abs=2e-3), seed
