@@ -183,7 +183,7 @@ VANISHED_SEEN_S = 3.5
 # (peer/crash_notices.py), so every peer probes the suspect and looks at once, not at its next watch
 # read: fan-out 8 reaches 2,000 peers in four hops of one round trip each (RTT_RANGE_S), plus one
 # DHT read of the view. 1 s, generously. (The peer starts its react delay on its last view less the
-# peer its probe found dead, and reads the view, records and reports at once, after it: one read on
+# peer its probe found dead, and reads the view after it, records and reports at once: one read on
 # the way, as here. Before the forty-fourth session it read twice, and the reports after the records.)
 CRASH_PUSH_S = 1.0
 # peer/balancer.py MOVE_CONFIRM_S: a mover announces its move and re-reads the view this much later before
@@ -912,7 +912,8 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                 largest = max((q.k for q in candidates), default=0)
                 smallest = min((q.k for q in candidates), default=1)
                 gap = bool(swarm.gpu_uncovered) or cfg.small_first_always
-                # On a gap one step for the smallest candidates, one more per layer held beyond theirs.
+                # On a gap the smallest candidates first (after react_first_steps steps), one step more per layer
+                # held beyond theirs; on thin layers the largest first, one step more per layer held fewer.
                 first = cfg.react_first_steps
                 not_waited = smallest - first if cfg.gap_delay_from_smallest else 0
                 step = {k: REACT_DELAY_PER_LAYER_S * ((k - not_waited) if gap else (largest - k + first)) for k in sizes}
