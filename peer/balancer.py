@@ -261,8 +261,7 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
         if failing and heard is None:
             logger.info("reading the swarm's view works again")
             failing = False
-        if _is_news(placement, view, decided_on):
-            urgent = urgent_layers(view)
+        if urgent := _new_urgent(placement, view, decided_on):
             delay = _my_react_delay(placement, view)
             logger.info("%d layers between %d and %d have no ONLINE server or are thin (a peer is draining, "
                         "gone or moving%s): deciding now (in %.1f s, after the peers that should go first)",
@@ -286,13 +285,14 @@ async def _heard_news(placement: Placement, decided_on: list[int]) -> SwarmView 
     if placement.heard_view is None:
         return None
     heard = await placement.heard_view()
-    return heard if heard is not None and _is_news(placement, heard, decided_on) else None
+    return heard if heard is not None and _new_urgent(placement, heard, decided_on) else None
 
 
-def _is_news(placement: Placement, view: SwarmView, decided_on: list[int]) -> bool:
-    """Does `view` show urgent layers not decided on yet, with our own record in it (to react from)?"""
+def _new_urgent(placement: Placement, view: SwarmView, decided_on: list[int]) -> list[int]:
+    """`view`'s urgent layers when they are news: not decided on yet, with our own record in it to react from;
+    else none."""
     urgent = urgent_layers(view)
-    return bool(urgent) and urgent != decided_on and placement.peer_id() in view.records
+    return urgent if urgent and urgent != decided_on and placement.peer_id() in view.records else []
 
 
 def _my_react_delay(placement: Placement, view: SwarmView) -> float:
