@@ -105,7 +105,9 @@ would), and in the max flow at its whole capacity k * thr (a peer spends its com
 layers it holds, routing/costs.py). It is still `loading` for every decision that asks: it does not
 balance, react or drain, and a drainer next to it still waits for it as for any loader. Loaders of
 one dark stretch take turns (routing.gap_weight: each starts where the others, by their announced
-orders, arrive last); --no-coordinated-loads: each loads from its window's end, the rule before.
+orders, arrive last); --no-coordinated-loads: each loads from its window's end, the rule before. A
+mover announces its order as its load starts, not through its confirmation (--orders-while-confirming:
+from its decision on, the rule before the forty-fifth session).
 """
 
 from __future__ import annotations
@@ -125,7 +127,14 @@ from pathlib import Path
 from benchmarks.sim_branches import Brancher, BranchSpec, apply_overrides, validate
 from benchmarks.sim_optimum import optimum_bracket, profile_placement
 from benchmarks.sim_report import SimResult, format_table, plot
-from benchmarks.sim_swarm_state import SimPeer, SwarmArrays, WithoutPeer, array_mismatches, recount
+from benchmarks.sim_swarm_state import (
+    SimPeer,
+    SwarmArrays,
+    WithoutPeer,
+    announced_orders,
+    array_mismatches,
+    recount,
+)
 from benchmarks.sim_trace import FlowTrace
 from routing import (
     DEFAULT_QUALITY,
@@ -283,6 +292,9 @@ class SimConfig:
     react_first_steps: int = 0
     serve_by_layer: bool = False  # a loading GPU peer (joiner or mover) serves each layer as it arrives (gpu_load_order)
     coordinated_loads: bool = True  # ... lighting first the dark layers other loaders reach last (routing.gap_weight)
+    # ... counting only the orders of loaders whose load has started (peer/moves.py migrate announces its order once
+    # its confirmation is over); False: from the mover's decision on, the rule before the forty-fifth session.
+    orders_from_load_start: bool = True
     # Share of its capacity a GPU peer serving part of its window gets until the whole window is there:
     # the peer decodes those layers eagerly until it captures its CUDA graphs (peer/moves.py).
     growing_share: float = 1.0
@@ -519,24 +531,23 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
             push(now + pop.expovariate(leave_rate), "depart", p.peer_id)
         push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
 
-    def gpu_load_order(p: SimPeer) -> list[int]:
+    def gpu_load_order(p: SimPeer, decided_at: float) -> list[int]:
         """routing.standby.load_order for a GPU peer p loading p.layers, judged before it counts there.
 
         A layer no GPU peer serves weighs EXPOSED_GAP (3): while one is left the swarm's max flow is
         0 (clients crawl on a standby, or wait), so one such layer outweighs any thin one; less where
         another loader brings it sooner (routing.gap_weight on the loaders' remaining orders, which
-        their records announce), unless --no-coordinated-loads. A thin
-        layer weighs its shortfall below thin_limit as a share of it (0-1): the thinnest bound the
-        flow most, and a layer a drainer alone serves (staying 0) counts as fully short, so the
+        their records announce once their load has started: sim_swarm_state.announced_orders to p deciding
+        at `decided_at`), unless --no-coordinated-loads. A thin layer weighs its shortfall below
+        thin_limit as a share of it (0-1): the thinnest bound the flow most, and a layer a drainer
+        alone serves (staying 0) counts as fully short, so the
         drainer can go sooner. The rest weigh 0: any order serves them as soon, give or take.
         (routing.move_load_order, on a SwarmView.)
         """
         target = p.layers
         arrivals: dict[int, int] = {}
         if cfg.coordinated_loads:
-            arrivals = first_arrivals(q.to_load for q in peers.values()
-                                      if q is not p and q.loading and q.to_load and q.layers.start < target.end
-                                      and target.start < q.layers.end)
+            arrivals = first_arrivals(announced_orders(peers.values(), p, decided_at, cfg.orders_from_load_start))
         limit = swarm.thin_limit()
         weight = [0.0] * num_layers
         for layer in range(target.start, target.end):
@@ -546,11 +557,12 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                 weight[layer] = 1.0 - swarm.staying_thr[layer] / limit
         return load_order(target, weight)
 
-    def load_gpu_peer(p: SimPeer, now: float, load_s: float, by_layer: bool) -> None:
-        """p (placed at p.layers, serving nothing) loads its window; "online" when all is there.
-        `by_layer`: it also serves each layer as it arrives, in gpu_load_order."""
+    def load_gpu_peer(p: SimPeer, now: float, load_s: float, by_layer: bool, decided_at: float | None = None) -> None:
+        """p (placed at p.layers, serving nothing) loads its window from `now`; "online" when all is there.
+        `by_layer`: it also serves each layer as it arrives, in gpu_load_order as of `decided_at` (default `now`)."""
+        p.loads_from = now
         if by_layer:
-            p.to_load = gpu_load_order(p)
+            p.to_load = gpu_load_order(p, now if decided_at is None else decided_at)
             for i in range(p.k - 1):  # the last layer comes with "online"
                 push(now + load_s * (i + 1), "gpu_layer", p.peer_id, p.generation)
         push(now + load_s * p.k, "online", p.peer_id, p.generation)
@@ -705,7 +717,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
             load_s, moves_from_memory = cfg.warm_load_s_per_layer, moves_from_memory + 1
         if p.leaving is not None:
             push(starts, "load_starts", p.peer_id, p.generation)
-        load_gpu_peer(p, starts, load_s, by_layer=cfg.serve_by_layer)
+        load_gpu_peer(p, starts, load_s, by_layer=cfg.serve_by_layer, decided_at=now + delay)
         return target
 
     def pre_reads(p: SimPeer, now: float, reacting: bool) -> bool:
@@ -1303,6 +1315,10 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--no-coordinated-loads", action="store_true",
                     help="with --serve-by-layer, loaders of one dark stretch ignore each other's announced load "
                          "orders (the rule before the twenty-fifth session: most light the same layers first)")
+    ap.add_argument("--orders-while-confirming", action="store_true",
+                    help="with --serve-by-layer, a mover's load order counts for the next loader from its decision on, "
+                         "its move's confirmation included (the rule before the forty-fifth session); default: from "
+                         "its load start, when the peer announces it")
     ap.add_argument("--growing-share", type=float, default=1.0,
                     help="with --serve-by-layer, the share of its capacity a GPU peer gets while part of its window "
                          "is loaded: it decodes eagerly until its CUDA graphs are captured (1: as fast as loaded; on the "
@@ -1391,6 +1407,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     downloaders_react_last=not a.downloaders_react_as_soon,
                     first_skips_confirm=not a.confirm_every_reaction, react_first_steps=int(a.react_first_step), serve_by_layer=a.serve_by_layer is not None,
                     coordinated_loads=not a.no_coordinated_loads,
+                    orders_from_load_start=not a.orders_while_confirming,
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
                     snapshots=None if a.snapshots is None else str(a.snapshots),
                     trace=None if a.trace is None else str(a.trace),

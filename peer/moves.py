@@ -95,7 +95,12 @@ class Moves:
         # serves the old range and is moving to `target`: balancing counts it there, routes use the old
         # range's peer last (its sessions fail over at the swap), and the sessions it has go on.
         self.loading, self.in_place = target, False
-        self.still_to_load = tuple(range(target.start, target.end) if order is None else order)
+        arrivals = tuple(range(target.start, target.end) if order is None else order)
+        # Its load order is a promise of when each layer arrives (the next loader of a dark stretch
+        # starts where this one arrives last, routing.move_load_order): a move still confirming may
+        # step back, and its first layer comes a confirmation later than its order says, so it
+        # announces the order only as its load starts (docs/balancing.md, forty-fifth session).
+        self.still_to_load = () if confirm_s > 0 else arrivals
         try:
             await self._announce()
             why = None
@@ -107,11 +112,14 @@ class Moves:
                 self.loading, self.in_place = None, False
                 await self._announce()
                 return False
+            if confirm_s > 0:
+                self.still_to_load = arrivals
+                await self._announce()
         except Exception:
             self.loading, self.in_place = None, False
             await self._announce()  # ONLINE on the old range again at once, not at the next refresh
             raise
-        await self._move_growing(target, range(target.start, target.end) if order is None else order, beside)
+        await self._move_growing(target, arrivals, beside)
         return True
 
     async def pre_read(self, target: LayerRange, halted: threading.Event) -> PreRead:

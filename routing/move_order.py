@@ -13,8 +13,9 @@ Loaders take turns on a dark stretch: after a sole server's crash several small 
 layers at once, and each used to load its window from the same end, so most of them lit the same
 few layers first and the stretch stayed dark (the swarm's max flow 0) until the slowest of them got
 through. Each loader now announces the layers it still has to load, in order (the record's
-`loading_order`), and a layer nobody serves weighs less for the next loader as another brings it
-sooner (gap_weight): the next one starts where the others arrive last. Simulated at 1,000 peers
+`loading_order`, from its load start on: a move still confirming may step back, and arrives a
+confirmation later than its order says), and a layer nobody serves weighs less for the next loader
+as another brings it sooner (gap_weight): the next one starts where the others arrive last. Simulated at 1,000 peers
 (docs/balancing.md, twenty-fifth session): 12% less time with some layer on standbys alone (2.12%
 against 2.40% of the time, twelve seeds), the same moves.
 """

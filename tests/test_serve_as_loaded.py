@@ -123,8 +123,13 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
             partial = partial_records(server, LayerRange(4, 8))
             assert [r.layers for r in partial] == [LayerRange(6, 7), LayerRange(5, 7), LayerRange(5, 8)]
             assert all(r.state is PeerState.ONLINE for r in partial)
-            # Each announcement names the layers still to come, in order (routing.move_load_order).
-            assert server.announced[0].moving_to == LayerRange(4, 8) and server.announced[0].loading_order == (6, 5, 7, 4)
+            # Through the move's confirmation it announces the move but no load order (it may step back, and its
+            # layers come a confirmation later than the order says); as its load starts, the layers to come, in
+            # order (routing.move_load_order), and each announcement after names those still to come.
+            confirming, loading = server.announced[0], server.announced[1]
+            assert confirming.moving_to == LayerRange(4, 8) and confirming.loading_order is None
+            assert (loading.layers, loading.moving_to, loading.loading_order) == (LayerRange(0, 4), LayerRange(4, 8),
+                                                                                  (6, 5, 7, 4))
             assert [r.loading_order for r in partial] == [(5, 7, 4), (7, 4), (4,)]
             # One layer's speed, measured on the first to arrive, over the layers served.
             speeds = [r.throughput * len(r.layers) for r in partial]

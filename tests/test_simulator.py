@@ -62,6 +62,11 @@ CONFIRM_EVERY_REACTION = dict(first_skips_confirm=False)
 # Tests calibrated before the forty-fourth session, when a reaction's first deciders waited one step (now none:
 # peer/balancer.py REACT_FIRST_STEPS), pin the rule before where their seeds depend on it, for the same reason.
 FIRST_DECIDERS_WAIT_A_STEP = dict(react_first_steps=1)
+# Tests calibrated before the forty-fifth session, when a mover's load order counted for the next loader from its
+# decision on (now from its load start, after its confirmation: sim_swarm_state.announced_orders), pin the rule
+# before where they measure the load orders' coordination: with every reaction confirming, the rule now leaves
+# a reaction's loaders little of one another's orders to take turns by.
+ORDERS_WHILE_CONFIRMING = dict(orders_from_load_start=False)
 
 
 def flat_stagger_weights(k: int) -> tuple[float, ...]:
@@ -519,8 +524,8 @@ def test_loaders_of_a_dark_stretch_take_turns_so_episodes_on_standbys_alone_are_
     swarms, 4-28% less, 15% summed), and the same moves: only the load order changes."""
     before = after = 0.0
     for seed in (0, 1, 2, 3):
-        cfg = dict(**CONFIRM_EVERY_REACTION, **FIRST_DECIDERS_WAIT_A_STEP, **READ_NOT_PUSHED, **FIRST_STEP_PER_LAYER,
-                   **BY_SIZE_ALONE, peers=60, hours=1.0, seed=seed, churn=0.3,
+        cfg = dict(**CONFIRM_EVERY_REACTION, **FIRST_DECIDERS_WAIT_A_STEP, **ORDERS_WHILE_CONFIRMING, **READ_NOT_PUSHED,
+                   **FIRST_STEP_PER_LAYER, **BY_SIZE_ALONE, peers=60, hours=1.0, seed=seed, churn=0.3,
                    redundancy=2.0, graceful=0.0, standby_share=0.3, move_load_s_per_layer=2.0, prefetch_s=1200,
                    standby_by_layer=True, serve_by_layer=True)
         uncoordinated = simulate(SimConfig(**cfg, coordinated_loads=False))
