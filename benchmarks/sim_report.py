@@ -41,6 +41,7 @@ class SimResult:
     # standby serving them yet (one loading does not count), time mean.
     exposed_layers_mean: float = 0.0
     moves_from_memory: int = 0  # moves that loaded layers their peer had read into memory (--pre-read)
+    checks_as_reactions: int = 0  # periodic balance checks that saw a gap and decided as reactions, after their delay
     series: dict = field(default_factory=dict)
 
 
@@ -53,7 +54,8 @@ def format_table(r: SimResult) -> str:
         ("uncovered layer-time", f"{r.uncovered_layer_time_fraction:.5%}"),
         ("bottleneck / bound (mean, p10)", f"{r.bottleneck_vs_bound_mean:.1%}, {r.bottleneck_vs_bound_p10:.1%}"),
         ("migrations per peer per hour", f"{r.migrations_per_peer_hour:.3f} ({r.migrations} moves, "
-                                         f"{r.moves_from_memory} from memory)"),
+                                         f"{r.moves_from_memory} from memory; {r.checks_as_reactions} periodic "
+                                         f"checks on a gap decided as reactions)"),
         ("joins / departures (graceful, timed out)", f"{r.joins} / {r.departures} ({r.drains}, {r.drains_timed_out})"),
         ("drain time (mean)", "n/a" if r.drain_s_mean is None else f"{r.drain_s_mean:.0f} s"),
         ("max flow / bound; spread routes / bound", "n/a" if r.flow_vs_bound_mean is None else

@@ -58,6 +58,8 @@ whose move would download its layers (its prefetch not done) decides after every
 from disk (--downloaders-react-as-soon: the rule before). A move's load starts after its
 confirmation (MOVE_CONFIRM_S), but a reacting peer that goes first among the peers that may decide with
 it on its layers skips it (peer/balancer.py must_confirm; --confirm-every-reaction: the rule before). A
+periodic balance check whose view shows a layer no GPU peer serves decides as a reaction, after the peer's
+react delay (--periodic-takes-gaps: at once, the rule before). A
 moving peer counts at its target at once (its record), so the others see the layers taken. Thin layers
 (routing.thin_layers: staying servers below THIN_SHARE of the mean layer throughput) wake them
 the same way, a draining peer whose layers would be thin without it stays while a peer
@@ -287,6 +289,12 @@ class SimConfig:
     # may decide within MOVE_CONFIRM_S of it (peer/balancer.py must_confirm): the confirmation is there for two peers
     # leaving one range at the same moment; of such peers the lowest id goes at once, the others confirm and see it.
     first_skips_confirm: bool = True
+    # A periodic balance check whose view shows a gap (a layer no GPU peer serves) leaves it to the reaction, which
+    # orders its deciders (the fastest loaders first, downloaders last): peer/balancer.py decides such a check as a
+    # reaction, after its react delay (here p decides in the reaction's event, done or due). False: it decides at
+    # once (the rule before the forty-fifth session), so a downloading peer's check could take a whole dark stretch
+    # at 5 s a layer and hold off the disk loaders, which saw it counted there.
+    periodic_leaves_gaps_to_reactions: bool = True
     # Steps the first deciders of a reaction wait (the smallest on a gap, the largest on thin layers; peer/balancer.py
     # REACT_FIRST_STEPS): none; 1: the rule before the forty-fourth session.
     react_first_steps: int = 0
@@ -368,6 +376,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     standbys: dict[str, SimPeer] = {}  # by host peer id; `layers` is where it is placed (loading or serving)
     standby_moves = 0
     moves_from_memory = 0  # GPU peers' moves that loaded what they had read into memory (SimConfig.pre_read)
+    checks_as_reactions = 0  # periodic checks that saw a gap and decided as reactions (periodic_leaves_gaps_to_reactions)
 
     def view_servers() -> list[int]:
         """layer_servers as the DHT view shows them: an abruptly gone peer's record lingers until it expires."""
@@ -377,6 +386,18 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
             for layer in range(span.start, span.end) if span is not None else ():
                 servers[layer] += 1
         return servers
+
+    def view_shows_a_gap() -> bool:
+        """Does the DHT view show a layer no GPU peer serves (SwarmView.uncovered_layers(standbys=False))? An
+        abruptly gone peer's record lingers until it expires."""
+        if not swarm.gpu_uncovered:
+            return False
+        lingering = [False] * num_layers
+        for q in expiring.values():
+            span = q.served
+            for layer in range(span.start, span.end) if span is not None else ():
+                lingering[layer] = True
+        return any(n == 0 and not listed for n, listed in zip(swarm.online_n, lingering))
 
     def host_layers(sb: SimPeer) -> list[LayerRange]:
         """Where standby sb's host serves and loads: one crash takes both, so sb guards nothing there."""
@@ -756,6 +777,43 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         if cfg.react and urgent():
             push(now + delay + (CRASH_PUSH_S if pushed else rng.uniform(0.0, cfg.watch_period_s * 1.25)), "react")
 
+    def react_delays(candidates: list[SimPeer], now: float) -> tuple[dict[str, float], dict[int, list[float]]]:
+        """Each candidate's react delay (peer/balancer.py react_delay), and per size the delays a peer of that size
+        may have as others read them from its record (must_confirm's `readings`)."""
+        sizes = {q.k for q in candidates}
+        step = {k: 0.0 for k in sizes}  # a size's react delay before what a peer's record does not say
+        extras = [0.0]  # ... and what that may add: nothing while nobody waits (--no-fast-fill)
+        delay = {q.peer_id: 0.0 for q in candidates}
+        if cfg.fast_fill:
+            # Peers wait before deciding (peer/balancer.py react_delay), so they decide one size
+            # after another and each sees the layers its predecessors took. While a layer has no
+            # GPU server, the fastest loaders first, several in parallel; else (--small-first-always:
+            # always) the largest first: one refills a departed large peer's range in one move.
+            largest = max((q.k for q in candidates), default=0)
+            smallest = min((q.k for q in candidates), default=1)
+            gap = bool(swarm.gpu_uncovered) or cfg.small_first_always
+            # On a gap the smallest candidates first (after react_first_steps steps), one step more per layer
+            # held beyond theirs; on thin layers the largest first, one step more per layer held fewer.
+            first = cfg.react_first_steps
+            not_waited = smallest - first if cfg.gap_delay_from_smallest else 0
+            step = {k: REACT_DELAY_PER_LAYER_S * ((k - not_waited) if gap else (largest - k + first)) for k in sizes}
+            delay = {q.peer_id: step[q.k] for q in candidates}
+            extras = [0.0, REACT_DELAY_PER_LAYER_S]
+            if cfg.react_clean_first:  # one step later for a peer whose leaving exposes a layer
+                for q in candidates:
+                    # Standbys guard only where the GPU peers count them (guarded: None with --no-guard-discount).
+                    if q.serving is not None and any(swarm.staying_n[layer] == 2 and not (guarded and guarded[layer])
+                                                     for layer in range(q.serving.start, q.serving.end)):
+                        delay[q.peer_id] += REACT_DELAY_PER_LAYER_S
+            if cfg.downloaders_react_last and cfg.move_load_s_per_layer is not None:
+                downloads_s = REACT_DELAY_PER_LAYER_S * (largest - smallest + 2)
+                for q in candidates:
+                    if now < q.prefetched_at:  # after every disk loader, exposing or not
+                        delay[q.peer_id] += downloads_s
+                extras += [e + downloads_s for e in extras]
+        readings = {k: [step[k] + e for e in extras] for k in sizes}
+        return delay, readings
+
     def may_leave(p: SimPeer, now: float) -> bool:
         """peer/drain.py: covered, and not thin without it unless nobody loads there after THIN_GRACE_S."""
         if not swarm.covered_without(p):
@@ -846,7 +904,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         if kind == "measure":  # warm-up over: count from here
             warmup_moves = migrations
             joins = departures = migrations = routes_failed = drains = drains_timed_out = standby_moves = 0
-            moves_from_memory = 0
+            moves_from_memory = checks_as_reactions = 0
             uncovered_time = uncovered_layer_time = peer_seconds = standby_only_time = standby_seconds = 0.0
             for values in (ratios, route_costs, route_hops, plan_ms, drain_s, flow_ratios, spread_ratios,
                            load_spreads, sole_counts, exposed_counts):
@@ -912,39 +970,8 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                 continue
             candidates = [q for q in peers.values() if not q.loading and not q.draining]
             rng.shuffle(candidates)
-            sizes = {q.k for q in candidates}
-            step = {k: 0.0 for k in sizes}  # a size's react delay before what a peer's record does not say
-            extras = [0.0]  # ... and what that may add: nothing while nobody waits (--no-fast-fill)
-            delay = {q.peer_id: 0.0 for q in candidates}
-            if cfg.fast_fill:
-                # Peers wait before deciding (peer/balancer.py react_delay), so they decide one size
-                # after another and each sees the layers its predecessors took. While a layer has no
-                # GPU server, the fastest loaders first, several in parallel; else (--small-first-always:
-                # always) the largest first: one refills a departed large peer's range in one move.
-                largest = max((q.k for q in candidates), default=0)
-                smallest = min((q.k for q in candidates), default=1)
-                gap = bool(swarm.gpu_uncovered) or cfg.small_first_always
-                # On a gap the smallest candidates first (after react_first_steps steps), one step more per layer
-                # held beyond theirs; on thin layers the largest first, one step more per layer held fewer.
-                first = cfg.react_first_steps
-                not_waited = smallest - first if cfg.gap_delay_from_smallest else 0
-                step = {k: REACT_DELAY_PER_LAYER_S * ((k - not_waited) if gap else (largest - k + first)) for k in sizes}
-                delay = {q.peer_id: step[q.k] for q in candidates}
-                extras = [0.0, REACT_DELAY_PER_LAYER_S]
-                if cfg.react_clean_first:  # one step later for a peer whose leaving exposes a layer
-                    for q in candidates:
-                        # Standbys guard only where the GPU peers count them (guarded: None with --no-guard-discount).
-                        if q.serving is not None and any(swarm.staying_n[layer] == 2 and not (guarded and guarded[layer])
-                                                         for layer in range(q.serving.start, q.serving.end)):
-                            delay[q.peer_id] += REACT_DELAY_PER_LAYER_S
-                if cfg.downloaders_react_last and cfg.move_load_s_per_layer is not None:
-                    downloads_s = REACT_DELAY_PER_LAYER_S * (largest - smallest + 2)
-                    for q in candidates:
-                        if now < q.prefetched_at:  # after every disk loader, exposing or not
-                            delay[q.peer_id] += downloads_s
-                    extras += [e + downloads_s for e in extras]
-                candidates.sort(key=lambda q: delay[q.peer_id])
-            readings = {k: [step[k] + e for e in extras] for k in sizes}
+            delay, readings = react_delays(candidates, now)
+            candidates.sort(key=lambda q: delay[q.peer_id])
             for q in candidates:
                 if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
                     break  # every gap and thin layer has a server loading it
@@ -962,6 +989,12 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
             push(now + rng.uniform(0.5, 1.5) * cfg.balance_period_s, "balance", pid)
             if p.loading or p.draining:
                 continue  # still loading: judge the range once it serves
+            if cfg.periodic_leaves_gaps_to_reactions and view_shows_a_gap():
+                # Decided as a reaction: after p's react delay, in its place among the deciders.
+                candidates = [q for q in peers.values() if not q.loading and not q.draining]
+                push(now + react_delays(candidates, now)[0][pid], "react_check", pid, p.generation)
+                checks_as_reactions += 1
+                continue
             if cfg.pre_read in ("silent", "go") and now >= p.prefetched_at:
                 # It reads the target into memory first, announcing nothing, and decides again after.
                 target = try_move(p, now, plan_only=True)
@@ -974,6 +1007,18 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                 wake_standbys(now)
                 if cfg.thin:
                     maybe_react(now, 0.0)  # its old layers may be thin while it loads: others see it
+        elif kind == "react_check" and p is not None and gen == p.generation and not p.loading and not p.draining:
+            # A periodic check that saw a gap decides now, as a reaction (peer/balancer.py balance_loop).
+            target = try_move(p, now, 0.0, reacting=True, plan_only=True)
+            if target is not None:
+                candidates = [q for q in peers.values() if not q.loading and not q.draining]
+                delay, readings = react_delays(candidates, now)
+                confirm_s = MOVE_CONFIRM_S
+                if cfg.first_skips_confirm and not must_confirm(p, candidates, delay, readings):
+                    confirm_s = 0.0
+                commit_move(p, now, target, 0.0, True, "move_react", None, confirm_s)
+                migrations += 1
+                wake_standbys(now)
         elif kind == "pre_read_done" and p is not None and p.pre_reading is not None and gen == p.pre_read_round:
             warm, p.pre_reading = p.pre_reading, None
             if p.loading or p.draining:
@@ -1086,6 +1131,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         departures=departures,
         migrations=migrations,
         moves_from_memory=moves_from_memory,
+        checks_as_reactions=checks_as_reactions,
         drains=drains,
         drains_timed_out=drains_timed_out,
         drain_s_mean=mean(drain_s),
@@ -1305,6 +1351,10 @@ def main(argv: list[str] | None = None) -> SimResult:
                     help="every reacting peer confirms its move for MOVE_CONFIRM_S (the rule before the forty-third "
                          "session); default: one that goes first among the peers that may decide with it on its layers "
                          "goes at once (peer/balancer.py must_confirm)")
+    ap.add_argument("--periodic-takes-gaps", action="store_true",
+                    help="a periodic balance check whose view shows a layer no GPU peer serves decides at once (the "
+                         "rule before the forty-fifth session); default: it leaves the gap to the reaction, which "
+                         "orders its deciders (peer/balancer.py decides such a check as a reaction)")
     ap.add_argument("--react-first-step", action="store_true",
                     help="the first deciders of a reaction (the smallest peers on a gap, the largest on thin layers) "
                          "wait one step, 0.5 s (the rule before the forty-fourth session); default: they decide at once")
@@ -1405,7 +1455,8 @@ def main(argv: list[str] | None = None) -> SimResult:
                     standby_by_layer=a.standby_by_layer, standby_idle_moves=a.standby_idle_moves,
                     react_clean_first=not a.exposing_peers_react_as_soon,
                     downloaders_react_last=not a.downloaders_react_as_soon,
-                    first_skips_confirm=not a.confirm_every_reaction, react_first_steps=int(a.react_first_step), serve_by_layer=a.serve_by_layer is not None,
+                    first_skips_confirm=not a.confirm_every_reaction,
+                    periodic_leaves_gaps_to_reactions=not a.periodic_takes_gaps, react_first_steps=int(a.react_first_step), serve_by_layer=a.serve_by_layer is not None,
                     coordinated_loads=not a.no_coordinated_loads,
                     orders_from_load_start=not a.orders_while_confirming,
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,

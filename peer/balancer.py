@@ -133,6 +133,13 @@ async def balance_loop(placement: Placement) -> None:
         woke = await _watch_until(placement, due, decided_on)  # a view with new urgent layers, or None
         try:
             view = woke or await placement.fetch_view()
+            if woke is None and (dark := view.uncovered_layers(standbys=False)):
+                # A gap (layers no GPU peer serves) the watch has not reacted to yet: decided as a reaction, in
+                # its place among the deciders (the fastest loaders first, downloaders last), not at once. At
+                # once, a slow peer's check (one still downloading the model) could take a whole dark stretch
+                # and hold off the fast loaders, which would see it counted there (docs/balancing.md,
+                # forty-fifth session).
+                woke = view = await _react_after_delay(placement, view, dark, heard=False)
             decided_on = urgent_layers(view)
             since = None if last_move is None else loop.time() - last_move
             unused = forced
@@ -262,19 +269,26 @@ async def _watch_until(placement: Placement, due: float, decided_on: list[int]) 
             logger.info("reading the swarm's view works again")
             failing = False
         if urgent := _new_urgent(placement, view, decided_on):
-            delay = _my_react_delay(placement, view)
-            logger.info("%d layers between %d and %d have no ONLINE server or are thin (a peer is draining, "
-                        "gone or moving%s): deciding now (in %.1f s, after the peers that should go first)",
-                        len(urgent), urgent[0], urgent[-1],
-                        "" if heard is None else "; seen on our last view, less the peer we were told of", delay)
-            await asyncio.sleep(delay)
-            try:
-                return await placement.fetch_view()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                return view
+            return await _react_after_delay(placement, view, urgent, heard=heard is not None)
     return None
+
+
+async def _react_after_delay(placement: Placement, view: SwarmView, urgent: list[int], heard: bool) -> SwarmView:
+    """`view` shows `urgent` layers: wait this peer's react delay (after the peers that should go first), then
+    the view to decide on, read fresh (`view` itself if that read fails). `heard`: `view` is our last one less
+    the peer a crash notice told of."""
+    delay = _my_react_delay(placement, view)
+    logger.info("%d layers between %d and %d have no ONLINE server or are thin (a peer is draining, "
+                "gone or moving%s): deciding now (in %.1f s, after the peers that should go first)",
+                len(urgent), urgent[0], urgent[-1],
+                "; seen on our last view, less the peer we were told of" if heard else "", delay)
+    await asyncio.sleep(delay)
+    try:
+        return await placement.fetch_view()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        return view
 
 
 async def _heard_news(placement: Placement, decided_on: list[int]) -> SwarmView | None:
