@@ -291,7 +291,7 @@ class SimConfig:
     first_skips_confirm: bool = True
     # A periodic balance check whose view shows a gap (a layer no GPU peer serves) leaves it to the reaction, which
     # orders its deciders (the fastest loaders first, downloaders last): peer/balancer.py decides such a check as a
-    # reaction, after its react delay (here p decides in the reaction's event, done or due). False: it decides at
+    # reaction, after its react delay (here a "react_check" event at that delay). False: it decides at
     # once (the rule before the forty-fifth session), so a downloading peer's check could take a whole dark stretch
     # at 5 s a layer and hold off the disk loaders, which saw it counted there.
     periodic_leaves_gaps_to_reactions: bool = True
