@@ -378,26 +378,23 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     moves_from_memory = 0  # GPU peers' moves that loaded what they had read into memory (SimConfig.pre_read)
     checks_as_reactions = 0  # periodic checks that saw a gap and decided as reactions (periodic_leaves_gaps_to_reactions)
 
-    def view_servers() -> list[int]:
-        """layer_servers as the DHT view shows them: an abruptly gone peer's record lingers until it expires."""
-        servers = swarm.staying_n[:]
+    def as_viewed(per_layer: list[int]) -> list[int]:
+        """Per-layer server counts as the DHT view shows them: an abruptly gone peer's record lingers until it
+        expires, so it still counts there."""
+        counts = per_layer[:]
         for q in expiring.values():
             span = q.served  # a peer that crashed while loading by layer: what its record listed
             for layer in range(span.start, span.end) if span is not None else ():
-                servers[layer] += 1
-        return servers
+                counts[layer] += 1
+        return counts
+
+    def view_servers() -> list[int]:
+        """layer_servers as the DHT view shows them."""
+        return as_viewed(swarm.staying_n)
 
     def view_shows_a_gap() -> bool:
-        """Does the DHT view show a layer no GPU peer serves (SwarmView.uncovered_layers(standbys=False))? An
-        abruptly gone peer's record lingers until it expires."""
-        if not swarm.gpu_uncovered:
-            return False
-        lingering = [False] * num_layers
-        for q in expiring.values():
-            span = q.served
-            for layer in range(span.start, span.end) if span is not None else ():
-                lingering[layer] = True
-        return any(n == 0 and not listed for n, listed in zip(swarm.online_n, lingering))
+        """Does the DHT view show a layer no GPU peer serves (SwarmView.uncovered_layers(standbys=False))?"""
+        return swarm.gpu_uncovered > 0 and 0 in as_viewed(swarm.online_n)
 
     def host_layers(sb: SimPeer) -> list[LayerRange]:
         """Where standby sb's host serves and loads: one crash takes both, so sb guards nothing there."""
@@ -814,6 +811,21 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         readings = {k: [step[k] + e for e in extras] for k in sizes}
         return delay, readings
 
+    def react_move(q: SimPeer, now: float, wait: float, candidates: list[SimPeer], delay: dict[str, float],
+                   readings: dict[int, list[float]]) -> bool:
+        """q's reaction, decided now on the reaction's `candidates` (their react delays, react_delays): its move, if
+        it has one, loading after `wait` (the rest of its react delay) and its confirmation, which it skips when it
+        goes first among the peers that may decide with it on its layers (must_confirm). Did q move?"""
+        target = try_move(q, now, wait, reacting=True, plan_only=True)
+        if target is None:
+            return False
+        confirm_s = MOVE_CONFIRM_S  # only a peer that moves asks whether it must confirm
+        if cfg.first_skips_confirm and not must_confirm(q, candidates, delay, readings):
+            confirm_s = 0.0
+        commit_move(q, now, target, wait, True, "move_react", None, confirm_s)
+        wake_standbys(now)
+        return True
+
     def may_leave(p: SimPeer, now: float) -> bool:
         """peer/drain.py: covered, and not thin without it unless nobody loads there after THIN_GRACE_S."""
         if not swarm.covered_without(p):
@@ -975,14 +987,8 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
             for q in candidates:
                 if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
                     break  # every gap and thin layer has a server loading it
-                target = try_move(q, now, delay[q.peer_id], reacting=True, plan_only=True)
-                if target is not None:  # only a peer that moves asks whether it must confirm
-                    confirm_s = MOVE_CONFIRM_S
-                    if cfg.first_skips_confirm and not must_confirm(q, candidates, delay, readings):
-                        confirm_s = 0.0
-                    commit_move(q, now, target, delay[q.peer_id], True, "move_react", None, confirm_s)
+                if react_move(q, now, delay[q.peer_id], candidates, delay, readings):
                     migrations += 1
-                    wake_standbys(now)
                     if not cfg.fast_fill:
                         break
         elif kind == "balance" and p is not None:
@@ -1009,16 +1015,9 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                     maybe_react(now, 0.0)  # its old layers may be thin while it loads: others see it
         elif kind == "react_check" and p is not None and gen == p.generation and not p.loading and not p.draining:
             # A periodic check that saw a gap decides now, as a reaction (peer/balancer.py balance_loop).
-            target = try_move(p, now, 0.0, reacting=True, plan_only=True)
-            if target is not None:
-                candidates = [q for q in peers.values() if not q.loading and not q.draining]
-                delay, readings = react_delays(candidates, now)
-                confirm_s = MOVE_CONFIRM_S
-                if cfg.first_skips_confirm and not must_confirm(p, candidates, delay, readings):
-                    confirm_s = 0.0
-                commit_move(p, now, target, 0.0, True, "move_react", None, confirm_s)
+            candidates = [q for q in peers.values() if not q.loading and not q.draining]
+            if react_move(p, now, 0.0, candidates, *react_delays(candidates, now)):
                 migrations += 1
-                wake_standbys(now)
         elif kind == "pre_read_done" and p is not None and p.pre_reading is not None and gen == p.pre_read_round:
             warm, p.pre_reading = p.pre_reading, None
             if p.loading or p.draining:

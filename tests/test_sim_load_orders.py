@@ -34,7 +34,7 @@ def test_a_mover_still_confirming_promises_no_arrivals_until_its_load_starts() -
     assert gap_weight(now.get(11), len(b.layers)) == EXPOSED_GAP
 
 
-def test_a_peer_done_loading_or_without_a_window_announces_nothing() -> None:
+def test_a_peer_done_loading_or_with_nothing_left_to_load_announces_nothing() -> None:
     me = loader("me", LayerRange(0, 8), [], loads_from=0.0)
     done = SimPeer("done", 4, 1.0, 0.01, layers=LayerRange(2, 6), serving=LayerRange(2, 6), to_load=[3], loads_from=0.0)
     emptied = loader("emptied", LayerRange(4, 8), [], loads_from=0.0)
