@@ -42,6 +42,7 @@ class SimResult:
     exposed_layers_mean: float = 0.0
     moves_from_memory: int = 0  # moves that loaded layers their peer had read into memory (--pre-read)
     checks_as_reactions: int = 0  # periodic balance checks that saw a gap and decided as reactions, after their delay
+    refills_past_downloads: int = 0  # reactions onto layers only downloading loaders held (downloads_count_as_dark)
     series: dict = field(default_factory=dict)
 
 
@@ -55,7 +56,8 @@ def format_table(r: SimResult) -> str:
         ("bottleneck / bound (mean, p10)", f"{r.bottleneck_vs_bound_mean:.1%}, {r.bottleneck_vs_bound_p10:.1%}"),
         ("migrations per peer per hour", f"{r.migrations_per_peer_hour:.3f} ({r.migrations} moves, "
                                          f"{r.moves_from_memory} from memory; {r.checks_as_reactions} periodic "
-                                         f"checks on a gap decided as reactions)"),
+                                         f"checks on a gap decided as reactions, {r.refills_past_downloads} "
+                                         f"refills of layers only downloads held)"),
         ("joins / departures (graceful, timed out)", f"{r.joins} / {r.departures} ({r.drains}, {r.drains_timed_out})"),
         ("drain time (mean)", "n/a" if r.drain_s_mean is None else f"{r.drain_s_mean:.0f} s"),
         ("max flow / bound; spread routes / bound", "n/a" if r.flow_vs_bound_mean is None else

@@ -31,6 +31,7 @@ class SimPeer:
     arrived: list[int] = field(default_factory=list)
     to_load: list[int] = field(default_factory=list)  # ... and those still to come, in load order
     loads_from: float = 0.0  # when its latest load starts (after a move's react wait and confirmation)
+    downloads: bool = False  # its latest load fetches over the network (SimConfig.load_s_per_layer), not from disk
     # A mover's old range, which it serves on (not staying: balancing counts it at its target) until its
     # react wait and move confirmation are over and its load starts (peer/moves.py migrate) ...
     leaving: LayerRange | None = None
@@ -185,18 +186,20 @@ class SwarmArrays:
         return all(self.staying_n[layer] > 0 for layer in range(p.layers.start, p.layers.end))
 
 
-def announced_orders(peers: Iterable[SimPeer], p: SimPeer, decided_at: float, from_load_start: bool = True) -> list[list[int]]:
+def announced_orders(peers: Iterable[SimPeer], p: SimPeer, decided_at: float, from_load_start: bool = True,
+                     skip_downloads: bool = False) -> list[list[int]]:
     """What the other loaders of p's window (p.layers) still load, in order, as their records announce it to p
     deciding at `decided_at`: each loader's remaining `to_load`, once its load has started by then (peer/moves.py
     migrate announces a mover's order after its confirmation: one still confirming may step back, and its first
     layer comes a confirmation later than its order says). `from_load_start` False: from the mover's decision on,
-    the rule before the forty-fifth session."""
+    the rule before the forty-fifth session. `skip_downloads`: leave out downloading loaders (SimPeer.downloads): their
+    layers come several times slower than a disk loader's, so they count as nobody's."""
     window = p.layers
     assert window is not None
     return [q.to_load for q in peers
             if q is not p and q.loading and q.to_load and q.layers is not None
             and q.layers.start < window.end and window.start < q.layers.end
-            and (q.loads_from <= decided_at or not from_load_start)]
+            and (q.loads_from <= decided_at or not from_load_start) and not (skip_downloads and q.downloads)]
 
 
 def recount(num_layers: int, peers: Iterable[SimPeer], expiring: Iterable[SimPeer],

@@ -303,6 +303,13 @@ class SimConfig:
     # ... counting only the orders of loaders whose load has started (peer/moves.py migrate announces its order once
     # its confirmation is over); False: from the mover's decision on, the rule before the forty-fifth session.
     orders_from_load_start: bool = True
+    # A loader that downloads its layers (a joiner, or a mover whose prefetch is not done: 5 s a layer against the
+    # disk's 0.6; its record says `downloading`) counts for a reaction, where its target holds a layer no GPU peer
+    # serves, only on the layers it has: the rest count as dark (routing.downloads); and its load order counts for
+    # no other loader. False: it counts on its whole target (the rule before the forty-sixth session), so a
+    # downloading joiner that took a crash's dark stretch a second before the reaction held every disk loader off
+    # it and lit it at the network's pace.
+    downloads_count_as_dark: bool = True
     # Share of its capacity a GPU peer serving part of its window gets until the whole window is there:
     # the peer decodes those layers eagerly until it captures its CUDA graphs (peer/moves.py).
     growing_share: float = 1.0
@@ -377,6 +384,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     standby_moves = 0
     moves_from_memory = 0  # GPU peers' moves that loaded what they had read into memory (SimConfig.pre_read)
     checks_as_reactions = 0  # periodic checks that saw a gap and decided as reactions (periodic_leaves_gaps_to_reactions)
+    refills_past_downloads = 0  # reactions onto layers that only downloading loaders held (downloads_count_as_dark)
 
     def as_viewed(per_layer: list[int]) -> list[int]:
         """Per-layer server counts as the DHT view shows them: an abruptly gone peer's record lingers until it
@@ -395,6 +403,34 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     def view_shows_a_gap() -> bool:
         """Does the DHT view show a layer no GPU peer serves (SwarmView.uncovered_layers(standbys=False))?"""
         return swarm.gpu_uncovered > 0 and 0 in as_viewed(swarm.online_n)
+
+    downloaders: dict[str, SimPeer] = {}  # GPU peers whose latest load downloads (SimPeer.downloads); pruned on use
+
+    def downloads_to_come() -> list[tuple[SimPeer, list[int]]]:
+        """The loaders that download (SimConfig.downloads_count_as_dark) with a dark layer (no GPU peer serves it)
+        still to come, each with the layers of its target still to come: a reaction counts those as dark."""
+        out = []
+        for pid, q in list(downloaders.items()):
+            if peers.get(pid) is not q or not q.loading or not q.downloads:
+                del downloaders[pid]
+                continue
+            arrived = set(q.arrived)
+            to_come = [layer for layer in range(q.layers.start, q.layers.end) if layer not in arrived]
+            if any(swarm.online_n[layer] == 0 for layer in to_come):
+                out.append((q, to_come))
+        return out
+
+    def dark_but_for_downloads(span: LayerRange | None = None) -> bool:
+        """Is some layer (of `span`) counted (balancing's view) only by downloading loaders that have not brought
+        it yet?"""
+        if not cfg.downloads_count_as_dark:
+            return False
+        coming = [0] * num_layers
+        for _, layers in downloads_to_come():
+            for layer in layers:
+                coming[layer] += 1
+        start, end = (0, num_layers) if span is None else (span.start, span.end)
+        return any(coming[layer] and swarm.counted[layer] == coming[layer] for layer in range(start, end))
 
     def host_layers(sb: SimPeer) -> list[LayerRange]:
         """Where standby sb's host serves and loads: one crash takes both, so sb guards nothing there."""
@@ -565,7 +601,8 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         target = p.layers
         arrivals: dict[int, int] = {}
         if cfg.coordinated_loads:
-            arrivals = first_arrivals(announced_orders(peers.values(), p, decided_at, cfg.orders_from_load_start))
+            arrivals = first_arrivals(announced_orders(peers.values(), p, decided_at, cfg.orders_from_load_start,
+                                                       skip_downloads=cfg.downloads_count_as_dark))
         limit = swarm.thin_limit()
         weight = [0.0] * num_layers
         for layer in range(target.start, target.end):
@@ -579,6 +616,9 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         """p (placed at p.layers, serving nothing) loads its window from `now`; "online" when all is there.
         `by_layer`: it also serves each layer as it arrives, in gpu_load_order as of `decided_at` (default `now`)."""
         p.loads_from = now
+        p.downloads = cfg.move_load_s_per_layer is not None and load_s > cfg.move_load_s_per_layer
+        if p.downloads:
+            downloaders[p.peer_id] = p
         if by_layer:
             p.to_load = gpu_load_order(p, now if decided_at is None else decided_at)
             for i in range(p.k - 1):  # the last layer comes with "online"
@@ -673,6 +713,19 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                 counted[layer] -= 1
             if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
                 others[layer] = 0.0
+        if reacting and cfg.downloads_count_as_dark:
+            # A downloading loader on dark layers counts only on the layers it has (routing.downloads): the rest come
+            # at the network's pace, so for a reaction, whose movers load from disk, they are still dark.
+            for q, layers in downloads_to_come():
+                if q is p:
+                    continue
+                thr = q.thr if not cfg.tiered or q.k >= p.k else 0.0
+                for layer in layers:
+                    others[layer] = max(0.0, others[layer] - thr)
+                    if counted is not None:
+                        counted[layer] -= 1
+                    if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
+                        others[layer] = 0.0
         online = WithoutPeer(swarm.staying_n, p.layers, 1)
         staying = WithoutPeer(swarm.staying_thr, p.layers, p.thr) if cfg.thin else None
         crossing = _crossing(swarm, p.k, cfg)
@@ -816,12 +869,15 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         """q's reaction, decided now on the reaction's `candidates` (their react delays, react_delays): its move, if
         it has one, loading after `wait` (the rest of its react delay) and its confirmation, which it skips when it
         goes first among the peers that may decide with it on its layers (must_confirm). Did q move?"""
+        nonlocal refills_past_downloads
         target = try_move(q, now, wait, reacting=True, plan_only=True)
         if target is None:
             return False
         confirm_s = MOVE_CONFIRM_S  # only a peer that moves asks whether it must confirm
         if cfg.first_skips_confirm and not must_confirm(q, candidates, delay, readings):
             confirm_s = 0.0
+        if dark_but_for_downloads(target):
+            refills_past_downloads += 1
         commit_move(q, now, target, wait, True, "move_react", None, confirm_s)
         wake_standbys(now)
         return True
@@ -916,7 +972,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         if kind == "measure":  # warm-up over: count from here
             warmup_moves = migrations
             joins = departures = migrations = routes_failed = drains = drains_timed_out = standby_moves = 0
-            moves_from_memory = checks_as_reactions = 0
+            moves_from_memory = checks_as_reactions = refills_past_downloads = 0
             uncovered_time = uncovered_layer_time = peer_seconds = standby_only_time = standby_seconds = 0.0
             for values in (ratios, route_costs, route_hops, plan_ms, drain_s, flow_ratios, spread_ratios,
                            load_spreads, sole_counts, exposed_counts):
@@ -985,8 +1041,9 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
             delay, readings = react_delays(candidates, now)
             candidates.sort(key=lambda q: delay[q.peer_id])
             for q in candidates:
-                if 0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit()):
-                    break  # every gap and thin layer has a server loading it
+                if (0 not in swarm.counted and not (cfg.thin and min(swarm.thr) < swarm.thin_limit())
+                        and not dark_but_for_downloads()):
+                    break  # every gap and thin layer has a server loading it (not by download)
                 if react_move(q, now, delay[q.peer_id], candidates, delay, readings):
                     migrations += 1
                     if not cfg.fast_fill:
@@ -1131,6 +1188,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         migrations=migrations,
         moves_from_memory=moves_from_memory,
         checks_as_reactions=checks_as_reactions,
+        refills_past_downloads=refills_past_downloads,
         drains=drains,
         drains_timed_out=drains_timed_out,
         drain_s_mean=mean(drain_s),
@@ -1364,6 +1422,11 @@ def main(argv: list[str] | None = None) -> SimResult:
     ap.add_argument("--no-coordinated-loads", action="store_true",
                     help="with --serve-by-layer, loaders of one dark stretch ignore each other's announced load "
                          "orders (the rule before the twenty-fifth session: most light the same layers first)")
+    ap.add_argument("--downloads-count-as-cover", action="store_true",
+                    help="a loader that downloads its layers (a joiner, a mover whose prefetch is not done) counts on its "
+                         "whole target for reactions and load orders (the rule before the forty-sixth session); default: "
+                         "a reaction counts one whose target holds a layer no GPU peer serves only on the layers it has "
+                         "(the rest are dark), and its load order counts for no other loader")
     ap.add_argument("--orders-while-confirming", action="store_true",
                     help="with --serve-by-layer, a mover's load order counts for the next loader from its decision on, "
                          "its move's confirmation included (the rule before the forty-fifth session); default: from "
@@ -1458,6 +1521,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     periodic_leaves_gaps_to_reactions=not a.periodic_takes_gaps, react_first_steps=int(a.react_first_step), serve_by_layer=a.serve_by_layer is not None,
                     coordinated_loads=not a.no_coordinated_loads,
                     orders_from_load_start=not a.orders_while_confirming,
+                    downloads_count_as_dark=not a.downloads_count_as_cover,
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
                     snapshots=None if a.snapshots is None else str(a.snapshots),
                     trace=None if a.trace is None else str(a.trace),

@@ -352,9 +352,12 @@ class PeerServer(Moves):
         # Announced while loading, so the next loader of a dark stretch starts where this one arrives
         # last (routing.move_load_order).
         loading_order = self.still_to_load[:MAX_LOADING_ORDER] if self.loading is not None else ()
+        # A load that fetches over the network (a Hub model whose prefetch is not done) says so: on dark layers a
+        # reaction counts it only where it serves, and disk loaders refill the rest (routing.downloads).
+        downloading = bool(loading_order) and not self.moves_load_from_disk.is_set()
         return PeerRecord(
             peer_id=self.peer_id, model=cfg.model_name, layers=layers, state=state, moving_to=moving_to,
-            loading_order=loading_order or None,
+            loading_order=loading_order or None, downloading=downloading,
             throughput=self.throughput, free_pages=self.pool.num_free, total_pages=self.pool.num_pages,
             page_size=cfg.page_size, dtype=cfg.dtype, quant=cfg.quant, version=software_version(),
             public_name=cfg.public_name, fingerprint=self.registry.fingerprint,

@@ -26,7 +26,10 @@ Only `swarm.types` is imported from the rest of the project.
              swarm_flow: the one max flow per view those checks share (on a view: view_flow).
 - balance_check.py balance_check (BalanceDecision, MoveKind): a GPU peer's whole balance check,
              should_move gated by strength_move_pays_in at a periodic check, else flow_move, one
-             max flow shared: what peer/balancer.py acts on.
+             max flow shared (a reaction decides on downloads.as_reactions_count's view): what peer/balancer.py acts on.
+- downloads.py as_reactions_count: a reaction counts a loader that downloads its layers (its record's
+             `downloading`), where its target holds a layer no GPU peer serves, only on the layers it serves:
+             the disk loaders refill the rest instead of waiting on the network's pace.
 - move_gate.py strength_move_pays (on a view: strength_move_pays_in): a strength move found at a
              periodic check goes only when it gives a layer with at most one server a second or
              raises the swarm's max flow by GATE_MARGIN (reactions to holes are not gated).

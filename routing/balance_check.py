@@ -3,6 +3,7 @@
 In order: should_move (a move for per-layer strengths); at a periodic check, not a reaction to a
 hole, that move must pay for its reload (move_gate.strength_move_pays_in); when there is none, or it
 does not pay, flow_move (where the swarm's max flow runs dry, at most once per FLOW_MOVE_COOLDOWN_S).
+A reaction counts a downloading loader on dark layers only where it serves (downloads.as_reactions_count).
 The gate and the flow move share one max flow (flow_move.view_flow). One call, so that the time a
 peer spends deciding is measured as the peer spends it (benchmarks/sim_decisions.py).
 """
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from routing.balance import DEFAULT_QUALITY, should_move
+from routing.downloads import as_reactions_count
 from routing.flow_move import flow_move, view_flow
 from routing.move_gate import strength_move_pays_in
 from swarm.types import LayerRange, SwarmView
@@ -43,6 +45,8 @@ def balance_check(view: SwarmView, me: str, *, since_last_move_s: float | None, 
     period (False: woken by gaps or thin layers, whose strength moves refill and are not gated);
     `my_throughput`: its measured throughput (default: its record's); `quality`: should_move's.
     """
+    if not periodic:
+        view = as_reactions_count(view, me)  # a download's dark layers still to come stay dark to a reaction
     target = should_move(view, me, quality=quality, my_throughput=my_throughput)
     flow = None
     held = None

@@ -104,6 +104,9 @@ class PeerRecord:
     # to come, in the order they will arrive (at most MAX_LOADING_ORDER), so the next loader of a dark
     # stretch starts where this one arrives last (routing.move_load_order). Absent otherwise.
     loading_order: tuple[int, ...] | None = None
+    # ... and those layers download from the network (a Hub model whose prefetch is not done), seconds a layer
+    # against a fraction of one from disk: on dark layers a reaction counts it only where it serves (routing.downloads).
+    downloading: bool = False
 
     @property
     def growing(self) -> bool:
@@ -170,7 +173,7 @@ class PeerRecord:
             for name in ("peer_id", "model", "dtype", "quant", "version", "public_name", "fingerprint"):
                 if name in kwargs:
                     kwargs[name] = _bounded_str(name, kwargs[name])
-            for name in ("relayed", "standby"):  # absent in records of older peers
+            for name in ("relayed", "standby", "downloading"):  # absent in records of older peers
                 if type(kwargs.get(name, False)) is not bool:
                     raise ValueError(f"{name} must be a bool")
             if "loading_order" in kwargs:

@@ -137,6 +137,7 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
             final = server.announced[-1]
             assert final.layers == LayerRange(4, 8) and final.moving_to is None and final.state is PeerState.ONLINE
             assert final.loading_order is None
+            assert not any(r.downloading for r in server.announced)  # a local checkpoint loads from disk
             assert final.throughput == pytest.approx(speeds[0] / 4)
             assert len({r.fingerprint for r in partial + [final]}) == 4  # each range has its own
             # The session opened on 5:7 mid-load kept its layers as the range grew.
@@ -145,6 +146,7 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
 
             # In place: 4:8 is freed first (announced JOINING on the target), then 0:4 grows 3:4 ... 0:4.
             server.config = dataclasses.replace(server.config, move_mode="in-place")
+            server.moves_load_from_disk.clear()  # as a Hub model's peer whose prefetch is not done: it downloads
             server.announced.clear()
             assert await server.migrate(LayerRange(0, 4), [3, 2, 1, 0]) is True
             # Through the move's confirmation it serves 4:8 on, announced as moving to 0:4; JOINING there
@@ -156,6 +158,9 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
             partial = partial_records(server, LayerRange(0, 4))
             assert [r.layers for r in partial] == [LayerRange(3, 4), LayerRange(2, 4), LayerRange(1, 4)]
             assert server.announced[-1].layers == LayerRange(0, 4) and server.announced[-1].moving_to is None
+            # Its records say so while layers are still to come (a reaction counts it only where it serves).
+            assert [r.downloading for r in server.announced] == [bool(r.loading_order) for r in server.announced]
+            assert all(r.downloading for r in partial) and not server.announced[-1].downloading
             whole = Reference(model, await open_session(p2p, server.peer_id), 0, 4)
             await whole.check(5)
             await whole.check(1)

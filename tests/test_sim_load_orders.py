@@ -39,3 +39,13 @@ def test_a_peer_done_loading_or_with_nothing_left_to_load_announces_nothing() ->
     done = SimPeer("done", 4, 1.0, 0.01, layers=LayerRange(2, 6), serving=LayerRange(2, 6), to_load=[3], loads_from=0.0)
     emptied = loader("emptied", LayerRange(4, 8), [], loads_from=0.0)
     assert announced_orders([me, done, emptied], me, decided_at=10.0) == []
+
+
+def test_a_downloading_loader_promises_no_arrivals() -> None:
+    # A joiner downloads 4:8 (5 s a layer) from 7 down; a disk loader c loads 2:6 from 5 down.
+    joiner = loader("joiner", LayerRange(4, 8), [7, 6, 5, 4], loads_from=90.0)
+    joiner.downloads = True
+    c = loader("c", LayerRange(2, 6), [5, 4, 3, 2], loads_from=95.0)
+    me = loader("me", LayerRange(4, 8), [], loads_from=0.0)
+    assert announced_orders([joiner, c, me], me, decided_at=100.0, skip_downloads=True) == [[5, 4, 3, 2]]
+    assert announced_orders([joiner, c, me], me, decided_at=100.0) == [[7, 6, 5, 4], [5, 4, 3, 2]]

@@ -71,6 +71,10 @@ ORDERS_WHILE_CONFIRMING = dict(orders_from_load_start=False)
 # it leaves it to the reaction, which orders its deciders), pin the rule before where their seeds depend on it: a
 # periodic move more or less sends these 60-120-peer swarms down other paths.
 PERIODIC_TAKES_GAPS = dict(periodic_leaves_gaps_to_reactions=False)
+# Tests calibrated before the forty-sixth session, when a downloading loader counted on its whole target for a
+# reaction (now, where its target holds a dark layer, only on the layers it serves: SimConfig.downloads_count_as_dark),
+# pin the rule before where their seeds depend on it: one refill more or less sends these swarms down other paths.
+DOWNLOADS_COUNT_AS_COVER = dict(downloads_count_as_dark=False)
 
 
 def flat_stagger_weights(k: int) -> tuple[float, ...]:
@@ -487,7 +491,7 @@ def test_peers_that_serve_each_layer_as_it_arrives_keep_the_swarm_stronger() -> 
     minute, so every peer that crashed or moved mid-load removed exactly what it had added."""
     flow = {False: 0.0, True: 0.0}
     for seed in (0, 1, 2):
-        cfg = dict(**PERIODIC_TAKES_GAPS, **SEEN_AFTER_5_S, **ABUTTING, **FLOW_MOVES_75_MIN, **MOVER_STOPS_AT_DECISION, peers=100, hours=1.0,
+        cfg = dict(**DOWNLOADS_COUNT_AS_COVER, **PERIODIC_TAKES_GAPS, **SEEN_AFTER_5_S, **ABUTTING, **FLOW_MOVES_75_MIN, **MOVER_STOPS_AT_DECISION, peers=100, hours=1.0,
                    warmup_hours=0.5, seed=seed, churn=0.2, redundancy=2.0, graceful=0.5, standby_share=0.3,
                    route_period_s=120, move_load_s_per_layer=2.0, prefetch_s=1200, standby_by_layer=True, check_arrays=True)
         whole, by_layer = simulate(SimConfig(**cfg)), simulate(SimConfig(**cfg, serve_by_layer=True))
@@ -530,6 +534,18 @@ def test_a_periodic_check_that_sees_a_gap_decides_as_a_reaction_after_its_delay(
     now, before = simulate(SimConfig(**cfg)), simulate(SimConfig(**cfg, **PERIODIC_TAKES_GAPS))
     assert now.checks_as_reactions > 0 and before.checks_as_reactions == 0
     assert now.migrations == before.migrations
+
+
+def test_a_reaction_refills_dark_layers_that_only_a_download_holds() -> None:
+    """A loader that downloads its layers (a joiner, here) counts, for a reaction, only on the layers it serves
+    where its target holds a dark layer (routing.downloads): the disk loaders refill such layers instead of leaving
+    them to light at the network's pace. 60 peers at 2x, 30%/h churn, every departure abrupt: once on seed 4, never
+    under the rule before (--downloads-count-as-cover), which then lit the stretch later (time at 0 longer)."""
+    cfg = dict(peers=60, hours=1.0, seed=4, churn=0.3, redundancy=2.0, graceful=0.0, standby_share=0.3,
+               move_load_s_per_layer=0.6, prefetch_s=1200, standby_by_layer=True, serve_by_layer=True)
+    now, before = simulate(SimConfig(**cfg)), simulate(SimConfig(**cfg, **DOWNLOADS_COUNT_AS_COVER))
+    assert now.refills_past_downloads > 0 and before.refills_past_downloads == 0
+    assert now.standby_only_time_fraction < before.standby_only_time_fraction
 
 
 @pytest.mark.usefixtures("flat_stagger")
