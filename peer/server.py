@@ -84,6 +84,7 @@ class PeerServer(Moves):
         self.moving = False  # while True, new sessions are refused (they go to other peers)
         self.loading: LayerRange | None = None  # a move's target while its weights load
         self.still_to_load: tuple[int, ...] = ()  # ... and its layers not yet arrived, in load order
+        self.fetched: LayerRange | None = None  # the last range whose weight files _build_engine fetched
         self.in_place = False  # that move freed the old layers (announced JOINING, not moving_to)
         # Set when a move reads its layers from disk: a local checkpoint, or a Hub model once its
         # background prefetch is done (peer/prefetch.py). Unset, a move downloads them, and the balancer
@@ -278,6 +279,7 @@ class PeerServer(Moves):
         def build() -> tuple[ServingEngine, float]:
             if cfg.model_repo is not None:  # fetch this range's weight files (cached ones are not fetched again)
                 resolve_for_peer(cfg.model_repo, cfg.revision, (layers.start, layers.end))
+                self.fetched = layers  # the rest of the load reads the disk: its record no longer says downloading
             layer_speed: list[float] = []  # one layer's tokens/s, measured on the first to arrive
 
             def grew(engine: ServingEngine, served: LayerRange) -> None:
@@ -352,9 +354,11 @@ class PeerServer(Moves):
         # Announced while loading, so the next loader of a dark stretch starts where this one arrives
         # last (routing.move_load_order).
         loading_order = self.still_to_load[:MAX_LOADING_ORDER] if self.loading is not None else ()
-        # A load that fetches over the network (a Hub model whose prefetch is not done) says so: on dark layers a
-        # reaction counts it only where it serves, and disk loaders refill the rest (routing.downloads).
-        downloading = bool(loading_order) and not self.moves_load_from_disk.is_set()
+        # A load that fetches its files over the network (a Hub model whose prefetch is not done, until the target's
+        # files are in: then its layers load from disk) says so: on dark layers a reaction counts it only where it
+        # serves, and disk loaders refill the rest (routing.downloads).
+        downloading = (bool(loading_order) and cfg.model_repo is not None and not self.moves_load_from_disk.is_set()
+                       and self.fetched != self.loading)
         return PeerRecord(
             peer_id=self.peer_id, model=cfg.model_name, layers=layers, state=state, moving_to=moving_to,
             loading_order=loading_order or None, downloading=downloading,

@@ -28,9 +28,13 @@ from shards.shard import Shard
 from swarm.connection import PeerStream
 from swarm.dht import SwarmNode
 from swarm.types import LayerRange, PeerRecord, PeerState
+from tests.hub_server import HubRepo, HubServer, split_checkpoint
 from tests.test_peer_protocol import HIDDEN, open_session, step
 
 pytestmark = pytest.mark.slow
+
+HUB_REPO = "test-org/tiny-llama"
+HUB_COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
 
 
 class RecordingPeer(PeerServer):
@@ -146,7 +150,6 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
 
             # In place: 4:8 is freed first (announced JOINING on the target), then 0:4 grows 3:4 ... 0:4.
             server.config = dataclasses.replace(server.config, move_mode="in-place")
-            server.moves_load_from_disk.clear()  # as a Hub model's peer whose prefetch is not done: it downloads
             server.announced.clear()
             assert await server.migrate(LayerRange(0, 4), [3, 2, 1, 0]) is True
             # Through the move's confirmation it serves 4:8 on, announced as moving to 0:4; JOINING there
@@ -158,9 +161,6 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
             partial = partial_records(server, LayerRange(0, 4))
             assert [r.layers for r in partial] == [LayerRange(3, 4), LayerRange(2, 4), LayerRange(1, 4)]
             assert server.announced[-1].layers == LayerRange(0, 4) and server.announced[-1].moving_to is None
-            # Its records say so while layers are still to come (a reaction counts it only where it serves).
-            assert [r.downloading for r in server.announced] == [bool(r.loading_order) for r in server.announced]
-            assert all(r.downloading for r in partial) and not server.announced[-1].downloading
             whole = Reference(model, await open_session(p2p, server.peer_id), 0, 4)
             await whole.check(5)
             await whole.check(1)
@@ -168,6 +168,43 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
             assert view.records[server.peer_id].layers == LayerRange(0, 4) and view.uncovered_layers() == []
 
     asyncio.run(scenario())
+
+
+def test_a_move_of_a_hub_model_says_downloading_until_its_files_are_in(
+    tiny_model_factory, local_swarm: LocalSwarm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer of a Hub model whose background prefetch is not done downloads a move's files first: its records say
+    `downloading` from the load's start until the files are in (on dark layers a reaction counts it only where it
+    serves, routing.downloads); the layers then load from disk, and the grown records no longer say it."""
+    model = served_by_one_peer(tiny_model_factory, local_swarm)
+    name = model.resolve().name
+    weight_map = split_checkpoint(model, tmp_path / "repo")
+    layer_files = {f for n, f in weight_map.items() if any(n.startswith(f"model.layers.{i}.") for i in range(4, 8))}
+
+    async def scenario(hub: HubServer) -> None:
+        async def on_served(served: LayerRange) -> None:
+            pass
+
+        config = PeerConfig(model, LayerRange(0, 4), name, initial_peers=tuple(local_swarm.initial_peers),
+                            move_mode="in-place", model_repo=HUB_REPO)
+        server = RecordingPeer(config, on_served)
+        async with started(server, local_swarm):
+            assert not server.moves_load_from_disk.is_set()  # no prefetch (fixed layers): its moves download
+            server.announced.clear()
+            assert await server.migrate(LayerRange(4, 8), [7, 6, 5, 4]) is True
+            loading = [r for r in server.announced if r.loading_order]
+            assert loading[0].loading_order == (7, 6, 5, 4) and loading[0].downloading  # announced as the load starts
+            grown = partial_records(server, LayerRange(4, 8)) + [r for r in server.announced if r.state is PeerState.ONLINE
+                                                                  and r.layers.start >= 4 and r.moving_to is None]
+            assert grown and not any(r.downloading for r in grown)
+            assert layer_files <= hub.downloaded(HUB_REPO)
+
+    with HubServer({HUB_REPO: HubRepo(tmp_path / "repo", HUB_COMMIT)}) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        asyncio.run(scenario(hub))
 
 
 def test_a_load_order_that_does_not_grow_one_range_is_refused(tiny_model_factory) -> None:
