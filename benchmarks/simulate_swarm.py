@@ -310,10 +310,6 @@ class SimConfig:
     # downloading joiner that took a crash's dark stretch a second before the reaction held every disk loader off
     # it and lit it at the network's pace.
     downloads_count_as_dark: bool = True
-    # A joiner placed at the max flow's bottleneck layer (flow_join) loads that layer first, then grows from it
-    # (routing.move_load_order's `lead`): the layer it joined for raises the flow a load sooner, not wherever the
-    # window's order would put it (a 24-layer joiner downloads for two minutes). False: the rule before.
-    joins_lead_with_bottleneck: bool = True
     # Share of its capacity a GPU peer serving part of its window gets until the whole window is there:
     # the peer decodes those layers eagerly until it captures its CUDA graphs (peer/moves.py).
     growing_share: float = 1.0
@@ -562,20 +558,18 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     standby_round_due = -1.0
     pushed_crashes: set[str] = set()  # crashed peers whose record the crash watch drops, with a notice pushed
 
-    def join_window(p: SimPeer) -> tuple[LayerRange, int | None]:
-        """Where the join rule puts p (routing.choose_window on the swarm of now), and the max flow's bottleneck
-        layer it weighed (None without flow_join)."""
+    def join_window(p: SimPeer) -> LayerRange:
+        """Where the join rule puts p (routing.choose_window on the swarm of now)."""
         bottleneck = None
         if cfg.flow_join:
             placed = [(q.layers, q.thr * q.k) for q in [*peers.values(), *expiring.values()] if not q.draining]
             bottleneck = bottleneck_layer(placed, num_layers) if placed else None
         thr, counted = _balance_arrays(swarm, p.k, cfg, counts)
-        window = choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded, crossing=_crossing(swarm, p.k, cfg))
-        return window, bottleneck
+        return choose_window(thr, p.k, counted, cfg.sole_discount, bottleneck, guarded, crossing=_crossing(swarm, p.k, cfg))
 
     def admit(p: SimPeer, now: float, instant: bool, window: LayerRange | None = None) -> None:
         """p joins (at `window` if given, else where the join rule puts it) and loads, or with `instant` serves at once."""
-        p.layers, bottleneck = (window, None) if window else join_window(p)
+        p.layers = window or join_window(p)
         peers[p.peer_id] = p
         if tracer is not None:
             tracer.cause("join", f"{p.peer_id} k={p.k} {p.layers}")
@@ -586,13 +580,12 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         if instant:
             go_online(p)
         else:
-            load_gpu_peer(p, now, cfg.load_s_per_layer, by_layer=cfg.serve_by_layer and cfg.joins_by_layer,
-                          lead=bottleneck if cfg.joins_lead_with_bottleneck else None)
+            load_gpu_peer(p, now, cfg.load_s_per_layer, by_layer=cfg.serve_by_layer and cfg.joins_by_layer)
         if leave_rate > 0:
             push(now + pop.expovariate(leave_rate), "depart", p.peer_id)
         push(now + rng.uniform(0.0, 1.5 * cfg.balance_period_s), "balance", p.peer_id)
 
-    def gpu_load_order(p: SimPeer, decided_at: float, lead: int | None = None) -> list[int]:
+    def gpu_load_order(p: SimPeer, decided_at: float) -> list[int]:
         """routing.standby.load_order for a GPU peer p loading p.layers, judged before it counts there.
 
         A layer no GPU peer serves weighs EXPOSED_GAP (3): while one is left the swarm's max flow is
@@ -602,8 +595,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         at `decided_at`), unless --no-coordinated-loads. A thin layer weighs its shortfall below
         thin_limit as a share of it (0-1): the thinnest bound the flow most, and a layer a drainer
         alone serves (staying 0) counts as fully short, so the
-        drainer can go sooner. `lead` (a joiner's bottleneck layer) weighs at least 1, as a fully short
-        layer. The rest weigh 0: any order serves them as soon, give or take.
+        drainer can go sooner. The rest weigh 0: any order serves them as soon, give or take.
         (routing.move_load_order, on a SwarmView.)
         """
         target = p.layers
@@ -618,21 +610,17 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
                 weight[layer] = gap_weight(arrivals.get(layer), len(target))
             elif limit > 0 and swarm.staying_thr[layer] < limit:
                 weight[layer] = 1.0 - swarm.staying_thr[layer] / limit
-        if lead is not None and target.start <= lead < target.end:
-            weight[lead] = max(weight[lead], 1.0)
         return load_order(target, weight)
 
-    def load_gpu_peer(p: SimPeer, now: float, load_s: float, by_layer: bool, decided_at: float | None = None,
-                      lead: int | None = None) -> None:
+    def load_gpu_peer(p: SimPeer, now: float, load_s: float, by_layer: bool, decided_at: float | None = None) -> None:
         """p (placed at p.layers, serving nothing) loads its window from `now`; "online" when all is there.
-        `by_layer`: it also serves each layer as it arrives, in gpu_load_order as of `decided_at` (default `now`),
-        `lead` first where no gap or thinner layer comes before it."""
+        `by_layer`: it also serves each layer as it arrives, in gpu_load_order as of `decided_at` (default `now`)."""
         p.loads_from = now
         p.downloads = cfg.move_load_s_per_layer is not None and load_s > cfg.move_load_s_per_layer
         if p.downloads:
             downloaders[p.peer_id] = p
         if by_layer:
-            p.to_load = gpu_load_order(p, now if decided_at is None else decided_at, lead)
+            p.to_load = gpu_load_order(p, now if decided_at is None else decided_at)
             for i in range(p.k - 1):  # the last layer comes with "online"
                 push(now + load_s * (i + 1), "gpu_layer", p.peer_id, p.generation)
         push(now + load_s * p.k, "online", p.peer_id, p.generation)
@@ -1439,9 +1427,6 @@ def main(argv: list[str] | None = None) -> SimResult:
                          "whole target for reactions and load orders (the rule before the forty-sixth session); default: "
                          "a reaction counts one whose target holds a layer no GPU peer serves only on the layers it has "
                          "(the rest are dark), and its load order counts for no other loader")
-    ap.add_argument("--joins-load-in-order", action="store_true",
-                    help="with --serve-by-layer, a joiner placed at the max flow's bottleneck layer loads its window "
-                         "in the usual order (the rule before the forty-sixth session); default: that layer first")
     ap.add_argument("--orders-while-confirming", action="store_true",
                     help="with --serve-by-layer, a mover's load order counts for the next loader from its decision on, "
                          "its move's confirmation included (the rule before the forty-fifth session); default: from "
@@ -1537,7 +1522,6 @@ def main(argv: list[str] | None = None) -> SimResult:
                     coordinated_loads=not a.no_coordinated_loads,
                     orders_from_load_start=not a.orders_while_confirming,
                     downloads_count_as_dark=not a.downloads_count_as_cover,
-                    joins_lead_with_bottleneck=not a.joins_load_in_order,
                     joins_by_layer=a.serve_by_layer == "all", growing_share=a.growing_share,
                     snapshots=None if a.snapshots is None else str(a.snapshots),
                     trace=None if a.trace is None else str(a.trace),

@@ -22,9 +22,9 @@ from peer.memory import layers_that_fit
 from routing import (
     MoveKind,
     balance_check,
+    choose_layers,
     covered_without,
     exposes_on_leaving,
-    join_layers,
     move_load_order,
     standby_layers,
     standby_load_order,
@@ -117,9 +117,9 @@ async def choose_initial_layers(placement: Placement) -> tuple[LayerRange, list[
         logger.info("standby: chose layers %s (%d of %d), where a crash would leave layers dark",
                     layers, len(layers), total)
         return layers, standby_load_order(view, placement.peer_id(), layers, machines(view, placement))
-    layers, bottleneck = join_layers(view, min(count, total))
+    layers = choose_layers(view, min(count, total))
     logger.info("chose layers %s (%d of %d) where the swarm is weakest", layers, len(layers), total)
-    return layers, move_load_order(view, placement.peer_id(), layers, lead=bottleneck)
+    return layers, move_load_order(view, placement.peer_id(), layers)
 
 
 async def balance_loop(placement: Placement) -> None:

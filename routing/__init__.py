@@ -8,8 +8,7 @@ Only `swarm.types` is imported from the rest of the project.
              covering a span of layers (shortest path over layer boundaries).
 - bans.py    BanList: peers that failed recently, exponential backoff; its penalties()
              feed plan_route(banned=...).
-- balance.py choose_layers / join_layers (flow-aware; join_layers also names the bottleneck layer a
-             joiner loads first), should_move (array-level forms: choose_window,
+- balance.py choose_layers (flow-aware), should_move (array-level forms: choose_window,
              plan_move): which layers a peer should serve (sole-served layers discounted
              unless a standby guards them; windows staggered: window_total counts the
              throughput crossing their inner boundaries, most in the middle, stagger_weights).
@@ -54,7 +53,6 @@ from routing.balance import (
     SOLE_DISCOUNT,
     choose_layers,
     choose_window,
-    join_layers,
     plan_move,
     should_move,
     strengths,
@@ -109,7 +107,6 @@ __all__ = [
     "NoRouteError",
     "RouteCosts",
     "choose_layers",
-    "join_layers",
     "choose_route",
     "choose_window",
     "covered_without",

@@ -318,15 +318,8 @@ def _strength(others: Sequence[float], counted: Sequence[int], layer: int, mine:
 
 
 def choose_layers(view: SwarmView, num_layers: int) -> LayerRange:
-    """The layers a new peer that can hold `num_layers` layers should serve: join_layers' window."""
-    return join_layers(view, num_layers)[0]
-
-
-def join_layers(view: SwarmView, num_layers: int) -> tuple[LayerRange, int | None]:
     """The layers a new peer that can hold `num_layers` layers should serve (see choose_window),
-    weighing the peers of its tier (at least `num_layers` layers; module docstring), and the max
-    flow's bottleneck layer it weighed (None on an empty swarm): a joiner placed there loads it
-    first (routing.move_load_order's `lead`).
+    weighing the peers of its tier (at least `num_layers` layers; module docstring).
 
     Flow-aware unless redundancy comes first: when the weakest window has no layer with a single
     server, the window holds the max flow's bottleneck layer (routing.flow.bottleneck_layer) of
@@ -336,10 +329,9 @@ def join_layers(view: SwarmView, num_layers: int) -> tuple[LayerRange, int | Non
     """
     placement = balanced_placement(view)
     bottleneck = bottleneck_layer(placement, view.num_layers) if placement else None
-    window = choose_window(layer_throughput(view, min_layers=num_layers), num_layers, layer_counts(view),
-                           bottleneck=bottleneck, guarded=guarded_layers(view),
-                           crossing=crossing_throughput(view, min_layers=num_layers))
-    return window, bottleneck
+    return choose_window(layer_throughput(view, min_layers=num_layers), num_layers, layer_counts(view),
+                         bottleneck=bottleneck, guarded=guarded_layers(view),
+                         crossing=crossing_throughput(view, min_layers=num_layers))
 
 
 def should_move(

@@ -19,12 +19,6 @@ as another brings it sooner (gap_weight): the next one starts where the others a
 (docs/balancing.md, twenty-fifth session): 12% less time with some layer on standbys alone (2.12%
 against 2.40% of the time, twelve seeds), the same moves. A loader that downloads (its record's `downloading`)
 brings its layers seconds apart, so its order counts for nothing here (routing.downloads).
-
-A joiner placed at the max flow's bottleneck layer (routing.join_layers) loads that layer first (`lead`, weighed
-as a fully thin layer) and grows from it: a joiner downloads for minutes (a 24-layer one, two at 5 s a layer), and
-in window order the layer it joined for came wherever it lay; traced at 2,000 simulated peers, a 24-layer joiner
-placed for a crash's bottleneck at its window's last layer held the swarm at 81% of its flow for 46 s
-(docs/balancing.md, forty-sixth session).
 """
 
 from __future__ import annotations
@@ -37,9 +31,8 @@ from routing.standby import EXPOSED_GAP, load_order
 from swarm.types import SERVING, LayerRange, SwarmView
 
 
-def move_load_order(view: SwarmView, me: str, target: LayerRange, lead: int | None = None) -> list[int]:
-    """The load order of `target` for peer `me`, judged without it (see the module docstring). `lead`: a layer
-    that weighs at least as a fully thin one (a joiner's bottleneck layer, routing.join_layers)."""
+def move_load_order(view: SwarmView, me: str, target: LayerRange) -> list[int]:
+    """The load order of `target` for peer `me`, judged without it (see the module docstring)."""
     target = LayerRange(target.start, min(target.end, view.num_layers))
     served = [False] * view.num_layers  # by an ONLINE or DRAINING GPU peer other than me
     loading: list[Sequence[int]] = []  # what other GPU peers still load, each in its announced order
@@ -60,8 +53,6 @@ def move_load_order(view: SwarmView, me: str, target: LayerRange, lead: int | No
             weight[layer] = gap_weight(arrivals.get(layer), len(target))
         elif limit > 0 and staying[layer] < limit:
             weight[layer] = 1.0 - staying[layer] / limit
-    if lead is not None and target.start <= lead < target.end:
-        weight[lead] = max(weight[lead], 1.0)
     return load_order(target, weight)
 
 

@@ -1,16 +1,13 @@
 """routing.move_load_order: a moving GPU peer loads gaps first (where other loaders arrive last), then the
-thinnest layers; a joiner the bottleneck layer it joined for (routing.join_layers) first."""
+thinnest layers."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import replace
 
-import peer.balancer as balancer
-from routing import first_arrivals, gap_weight, join_layers, move_load_order
+from routing import first_arrivals, gap_weight, move_load_order
 from routing.standby import EXPOSED_GAP
-from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
-from tests.placements import scripted_placement
+from swarm.types import LayerRange, PeerRecord, PeerState
 from tests.routing_helpers import rec, view
 
 
@@ -96,29 +93,3 @@ def test_a_loading_order_survives_the_wire_and_names_layers_of_the_target() -> N
     for record in (joining, growing):
         assert PeerRecord.from_dict(record.to_dict()) == record
     assert "loading_order" not in rec("x", "0:2").to_dict()  # nothing loading: absent on the wire
-
-
-# Big peers hold 0:4 twice at 5 tokens/s, small ones crowd 4:8: the max flow runs dry at layer 3.
-BOTTLENECKED = view(8, rec("b1", "0:4", 5.0), rec("b2", "0:4", 5.0),
-                    *(rec(f"s{i}", f"{4 + 2 * (i % 2)}:{6 + 2 * (i % 2)}", 10.0) for i in range(6)))
-
-
-def test_a_joiner_loads_the_bottleneck_layer_it_joined_for_first() -> None:
-    window, bottleneck = join_layers(BOTTLENECKED, 2)
-    assert (window, bottleneck) == (LayerRange(2, 4), 3)
-    assert move_load_order(BOTTLENECKED, "new", window) == [2, 3]  # nothing dark or thin: window order
-    assert move_load_order(BOTTLENECKED, "new", window, lead=bottleneck) == [3, 2]
-    assert move_load_order(BOTTLENECKED, "new", LayerRange(0, 4), lead=3) == [3, 2, 1, 0]
-    assert move_load_order(BOTTLENECKED, "new", window, lead=6) == [2, 3]  # outside the window: no lead
-    # A dark layer still comes first: it weighs EXPOSED_GAP, the lead as a fully thin layer.
-    dark = view(8, rec("a", "1:4"), rec("b", "4:8"))
-    assert move_load_order(dark, "new", LayerRange(0, 4), lead=3)[0] == 0
-
-
-def test_a_self_placing_peer_joins_with_its_bottleneck_layer_first(tiny_model_factory) -> None:
-    async def fetch_view() -> SwarmView:
-        return BOTTLENECKED
-
-    placement = scripted_placement(tiny_model_factory("llama", 8), fetch_view, peer_id="new", layers=LayerRange(0, 2),
-                                   num_layers=2)
-    assert asyncio.run(balancer.choose_initial_layers(placement)) == (LayerRange(2, 4), [3, 2])

@@ -539,10 +539,11 @@ def test_a_periodic_check_that_sees_a_gap_decides_as_a_reaction_after_its_delay(
 def test_a_reaction_refills_dark_layers_that_only_a_download_holds() -> None:
     """A loader that downloads its layers (a joiner, here) counts, for a reaction, only on the layers it serves
     where its target holds a dark layer (routing.downloads): the disk loaders refill such layers instead of leaving
-    them to light at the network's pace. 150 peers at 2x, 30%/h churn, every departure abrupt: twice on seed 6,
-    never under the rule before (--downloads-count-as-cover), which spent 62% more of the hour with some layer
-    on standbys alone (1.77% against 1.09%)."""
-    cfg = dict(peers=150, hours=1.0, seed=6, churn=0.3, redundancy=2.0, graceful=0.0, standby_share=0.3,
+    them to light at the network's pace. 150 peers at 2x, 30%/h churn, every departure abrupt: once on seed 5,
+    never under the rule before (--downloads-count-as-cover), which spent a third more of the hour with some
+    layer on standbys alone (1.37% against 1.02%). Not every run gains: of the four runs with such a refill over
+    seeds 0-7 at 100 and 150 peers, three spent less time there, one more (100 peers, seed 4: 0.80% against 0.67%)."""
+    cfg = dict(peers=150, hours=1.0, seed=5, churn=0.3, redundancy=2.0, graceful=0.0, standby_share=0.3,
                move_load_s_per_layer=0.6, prefetch_s=1200, standby_by_layer=True, serve_by_layer=True)
     now, before = simulate(SimConfig(**cfg)), simulate(SimConfig(**cfg, **DOWNLOADS_COUNT_AS_COVER))
     assert now.refills_past_downloads > 0 and before.refills_past_downloads == 0
