@@ -123,6 +123,7 @@ import random
 import sys
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -423,10 +424,11 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     def dark_but_for_downloads(span: LayerRange | None = None) -> bool:
         """Is some layer (of `span`) counted (balancing's view) only by downloading loaders that have not brought
         it yet?"""
-        if not cfg.downloads_count_as_dark:
+        to_come = downloads_to_come() if cfg.downloads_count_as_dark else []
+        if not to_come:
             return False
         coming = [0] * num_layers
-        for _, layers in downloads_to_come():
+        for _, layers in to_come:
             for layer in layers:
                 coming[layer] += 1
         start, end = (0, num_layers) if span is None else (span.start, span.end)
@@ -707,25 +709,13 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         not move. `warm`: layers p read into memory (SimConfig.pre_read "silent"): a target inside loads from there."""
         others, counted = _balance_arrays(swarm, p.k, cfg, counts)
         others, counted = others[:], None if counted is None else counted[:]
-        for layer in range(p.layers.start, p.layers.end):
-            others[layer] = max(0.0, others[layer] - p.thr)
-            if counted is not None:
-                counted[layer] -= 1
-            if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
-                others[layer] = 0.0
+        _leave_out(others, counted, range(p.layers.start, p.layers.end), p.thr)
         if reacting and cfg.downloads_count_as_dark:
             # A downloading loader on dark layers counts only on the layers it has (routing.downloads): the rest come
             # at the network's pace, so for a reaction, whose movers load from disk, they are still dark.
             for q, layers in downloads_to_come():
-                if q is p:
-                    continue
-                thr = q.thr if not cfg.tiered or q.k >= p.k else 0.0
-                for layer in layers:
-                    others[layer] = max(0.0, others[layer] - thr)
-                    if counted is not None:
-                        counted[layer] -= 1
-                    if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
-                        others[layer] = 0.0
+                if q is not p:
+                    _leave_out(others, counted, layers, q.thr if not cfg.tiered or q.k >= p.k else 0.0)
         online = WithoutPeer(swarm.staying_n, p.layers, 1)
         staying = WithoutPeer(swarm.staying_thr, p.layers, p.thr) if cfg.thin else None
         crossing = _crossing(swarm, p.k, cfg)
@@ -1228,6 +1218,17 @@ def _balance_arrays(swarm: SwarmArrays, k: int, cfg: SimConfig, counts: list[int
     if not cfg.tiered:
         return swarm.thr, counts
     return swarm.at_least(k), counts
+
+
+def _leave_out(others: list[float], counted: list[int] | None, layers: Iterable[int], thr: float) -> None:
+    """Take a peer of per-layer throughput `thr` off `layers` of the arrays a peer balances on (in place); a layer
+    left with no count or no throughput holds exactly 0, which means nobody."""
+    for layer in layers:
+        others[layer] = max(0.0, others[layer] - thr)
+        if counted is not None:
+            counted[layer] -= 1
+        if others[layer] < 1e-9 or (counted is not None and not counted[layer]):
+            others[layer] = 0.0
 
 
 def _crossing(swarm: SwarmArrays, k: int, cfg: SimConfig) -> list[float] | None:
