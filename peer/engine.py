@@ -99,6 +99,7 @@ class ServingEngine:
         order: Sequence[int] | None = None,
         on_grow: Callable[[ServingEngine, LayerRange], None] | None = None,
         stream_weights: bool = False,
+        fetch_layer: Callable[[int], None] | None = None,
     ) -> ServingEngine:
         """Load (and quantize) layers `layers`, allocate the cache, capture graphs. Blocking: call off the loop.
 
@@ -112,6 +113,7 @@ class ServingEngine:
 
         `stream_weights`: the weights load (and quantize) in host memory and stay there; each forward
         copies them to `device` a layer at a time (Shard.stream_to), with no decode graphs.
+        `fetch_layer(layer)` runs before each layer is read (a Hub peer's download of its files).
         """
         load_device = "cpu" if stream_weights else device
 
@@ -121,7 +123,8 @@ class ServingEngine:
             shard.stream_layer(layer)
 
         if on_grow is None:
-            shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=load_device)
+            shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=load_device,
+                                          before_layer=fetch_layer)
             quantize_shard(shard, quant, quant_group_size)
             if stream_weights:
                 for layer in range(layers.start, layers.end):
@@ -154,7 +157,7 @@ class ServingEngine:
             on_grow(engine, served)
 
         shard = Shard.from_pretrained(model_path, layers.start, layers.end, dtype=dtype, device=load_device,
-                                      order=order, on_layer=arrived)
+                                      order=order, on_layer=arrived, before_layer=fetch_layer)
         if quant != "none":
             shard.quant = quant  # type: ignore[attr-defined]
         engine = grown[0]

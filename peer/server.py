@@ -40,7 +40,7 @@ from shards.config import ModelConfig
 from shards.kv_cache import KVCache
 from shards.paging import PagePool
 from shards.quant import memory_plan
-from shards.resolve import resolve_for_peer
+from shards.resolve import fetcher_for_peer
 from swarm.auth import SwarmKey
 from swarm.codec import Limits
 from swarm.connection import answers, stream_handler
@@ -277,9 +277,14 @@ class PeerServer(Moves):
                     cfg.quant)
 
         def build() -> tuple[ServingEngine, float]:
-            if cfg.model_repo is not None:  # fetch this range's weight files (cached ones are not fetched again)
-                resolve_for_peer(cfg.model_repo, cfg.revision, (layers.start, layers.end))
-                self.fetched = layers  # the rest of the load reads the disk: its record no longer says downloading
+            fetch_layer = None
+            if cfg.model_repo is not None:  # each layer's weight files as the load reaches it (cached ones stay)
+                fetcher = fetcher_for_peer(cfg.model_repo, cfg.revision, (layers.start, layers.end))
+
+                def fetch_layer(layer: int) -> None:
+                    fetcher.fetch(layer)
+                    if fetcher.done:  # the rest of the load reads the disk: its records no longer say downloading
+                        self.fetched = layers
             layer_speed: list[float] = []  # one layer's tokens/s, measured on the first to arrive
 
             def grew(engine: ServingEngine, served: LayerRange) -> None:
@@ -292,6 +297,7 @@ class PeerServer(Moves):
                 quant_group_size=cfg.quant_group_size, num_pages=self.num_pages, page_size=cfg.page_size,
                 max_length=cfg.limits.max_length, graphs=cfg.cuda_graphs, order=order,
                 on_grow=grew if on_grow is not None else None, stream_weights=cfg.stream_weights,
+                fetch_layer=fetch_layer,
             )
             if layer_speed:
                 return engine, layer_speed[0] / len(layers)
@@ -354,8 +360,8 @@ class PeerServer(Moves):
         # Announced while loading, so the next loader of a dark stretch starts where this one arrives
         # last (routing.move_load_order).
         loading_order = self.still_to_load[:MAX_LOADING_ORDER] if self.loading is not None else ()
-        # A load that fetches its files over the network (a Hub model whose prefetch is not done, until the target's
-        # files are in: then its layers load from disk) says so: on dark layers a reaction counts it only where it
+        # A load that fetches its files over the network (a Hub model whose prefetch is not done, until its last
+        # layer's files are in: each layer's come as the load reaches it) says so: on dark layers a reaction counts it only where it
         # serves, and disk loaders refill the rest (routing.downloads).
         downloading = (bool(loading_order) and cfg.model_repo is not None and not self.moves_load_from_disk.is_set()
                        and self.fetched != self.loading)

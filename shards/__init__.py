@@ -28,7 +28,8 @@ File map:
     head.py        ModelHead: embeddings (+ scale), final norm, LM head (+ soft-capping): what the client holds
     demo_model.py  prepare_demo_model(): SmolLM2-135M-Instruct from its GGUF, as safetensors
     resolve.py     a local folder or a Hub repo id -> local files (HF cache; only the files a peer's
-                   layers or a client's head need; offline mode; errors naming repo and revision)
+                   layers or a client's head need, a peer's a layer at a time as its load reaches
+                   each: LayerFetcher; offline mode; errors naming repo and revision)
 
 Only `kernels` may be imported from our other packages.
 """

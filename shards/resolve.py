@@ -1,7 +1,8 @@
 """Model resolution: a local checkpoint folder, or a Hugging Face Hub repo id fetched file by file.
 
 A peer needs config.json and only the safetensors files holding its layers (found through the
-index's weight map); a client needs config.json, the tokenizer and generation config files and
+index's weight map), fetched a layer at a time as its load reaches each (LayerFetcher: a move
+serves each layer as it arrives, so it need not wait for the whole range's files); a client needs config.json, the tokenizer and generation config files and
 the files holding the embeddings, final norm and LM head. Both go through `huggingface_hub`'s
 cache, so a second start reads from disk. A self-placing peer may fetch every layer's files once
 it serves (prefetch_layers), so its later moves read them from disk too. `HF_HOME` /
@@ -16,11 +17,14 @@ import logging
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from shards.errors import CheckpointError
 from shards.loading import INDEX_NAME
+from shards.quant_checkpoint import FORMAT_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +38,7 @@ LAYER_TENSOR = re.compile(r"^model\.layers\.(\d+)\.")
 # size free: the rest of the disk is the user's, and a full disk would break the peer's own moves.
 PREFETCH_ROOM = 1.5
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+T = TypeVar("T")
 
 
 class ResolveError(CheckpointError):
@@ -72,6 +77,51 @@ def resolve_config(name: str, revision: str | None = None) -> ModelSource:
 def resolve_for_peer(name: str, revision: str | None, layers: tuple[int, int] | None) -> ModelSource:
     """config.json plus the weight files of layers [start, end) (all layers when `layers` is None)."""
     return _Hub.or_local(name, revision, lambda hub: hub.weights(lambda t: _in_layers(t, layers)))
+
+
+@dataclass
+class LayerFetcher:
+    """A peer's weight files, fetched a layer at a time as its load reaches each layer.
+
+    config.json, the index (and a `swarm-peer quantize` checkpoint's quantization.json) are in the
+    cache when it is made; `fetch(layer)` brings the files holding that layer's tensors (each file
+    once, cached ones not again). A local folder or a single-file checkpoint (fetched whole when
+    made) leaves nothing to fetch.
+    """
+
+    source: ModelSource
+    files_of_layer: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the layers still to fetch
+    hub: _Hub | None = None
+    fetched: set[str] = field(default_factory=set)
+
+    def fetch(self, layer: int) -> None:
+        for file in self.files_of_layer.pop(layer, ()):
+            if file not in self.fetched:
+                assert self.hub is not None
+                self.hub.file(file)
+                self.fetched.add(file)
+
+    @property
+    def done(self) -> bool:
+        """Every layer's files are in: the rest of the load reads the disk."""
+        return not self.files_of_layer
+
+
+def fetcher_for_peer(name: str, revision: str | None, layers: tuple[int, int]) -> LayerFetcher:
+    """A LayerFetcher for layers [start, end) of `name` (a local folder or a Hub repo id)."""
+
+    def start(hub: _Hub) -> LayerFetcher:
+        weight_map = hub.weight_map()
+        if weight_map is None:
+            hub.file(SINGLE_FILE)
+            return LayerFetcher(hub.source())
+        files: dict[int, set[str]] = {}
+        for tensor, file in weight_map.items():
+            if _in_layers(tensor, layers):
+                files.setdefault(_layer_of(tensor), set()).add(file)
+        return LayerFetcher(hub.source(), {layer: tuple(sorted(f)) for layer, f in files.items()}, hub)
+
+    return _Hub.or_local(name, revision, start, local=LayerFetcher)
 
 
 def resolve_for_client(name: str, revision: str | None = None) -> ModelSource:
@@ -128,6 +178,12 @@ def _in_layers(tensor: str, layers: tuple[int, int] | None) -> bool:
     return match is not None and (layers is None or layers[0] <= int(match.group(1)) < layers[1])
 
 
+def _layer_of(tensor: str) -> int:
+    match = LAYER_TENSOR.match(tensor)
+    assert match is not None
+    return int(match.group(1))
+
+
 def _env_true(name: str) -> bool:
     return os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE")
 
@@ -149,12 +205,14 @@ class _Hub:
         self.snapshot: Path | None = None
 
     @staticmethod
-    def or_local(name: str, revision: str | None, fetch) -> ModelSource:
+    def or_local(name: str, revision: str | None, fetch: Callable[[_Hub], T],
+                 local: Callable[[ModelSource], T] = lambda source: source) -> T:
+        """`fetch(hub)` for a Hub repo id; for a local folder, `local` of its ModelSource."""
         folder = Path(name).expanduser()
         if folder.is_dir():
             if revision:
                 raise ResolveError(f"--revision applies to Hub models; {folder} is a local folder (drop --revision)")
-            return ModelSource(path=folder)
+            return local(ModelSource(path=folder))
         if folder.exists() or not is_hub_id(name):
             raise ModelNotFoundError(
                 f"{name!r} is not a local checkpoint folder nor a Hub repo id; pass a folder with config.json "
@@ -224,20 +282,28 @@ class _Hub:
         self.weight_files(wanted)
         return self.source()
 
-    def weight_files(self, wanted) -> list[str]:
-        """Fetch what `weights` needs; returns the weight files' names."""
+    def weight_map(self) -> dict[str, str] | None:
+        """config.json, the index's {tensor: file} (None for a single-file checkpoint) and, where the repo
+        has one, quantization.json (a `swarm-peer quantize` checkpoint: the loader reads it)."""
         self.config()
+        self.file(FORMAT_FILE, optional=True)
         index = self.file(INDEX_NAME, optional=True)
         if index is None:
-            files = [SINGLE_FILE]
-        else:
-            try:
-                weight_map = json.loads(index.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError) as e:
-                raise ResolveError(f"{self._where()}: unreadable {INDEX_NAME} ({e})") from None
-            files = sorted({file for tensor, file in weight_map.items() if wanted(tensor)})
-            if any("/" in f or f.startswith(".") for f in files):
-                raise ResolveError(f"{self._where()}: {INDEX_NAME} names files outside the repo root")
+            return None
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+                raise TypeError("weight_map is not an object of file names")
+        except (ValueError, KeyError, TypeError) as e:
+            raise ResolveError(f"{self._where()}: unreadable {INDEX_NAME} ({e})") from None
+        if any("/" in f or f.startswith(".") for f in weight_map.values()):
+            raise ResolveError(f"{self._where()}: {INDEX_NAME} names files outside the repo root")
+        return weight_map
+
+    def weight_files(self, wanted) -> list[str]:
+        """Fetch what `weights` needs; returns the weight files' names."""
+        weight_map = self.weight_map()
+        files = [SINGLE_FILE] if weight_map is None else sorted({f for t, f in weight_map.items() if wanted(t)})
         logger.info("%s: using %d weight file(s): %s", self._where(), len(files), ", ".join(files))
         for file in files:
             self.file(file)

@@ -60,13 +60,15 @@ class Shard(nn.Module):
         device: torch.device | str = "cpu",
         order: Sequence[int] | None = None,
         on_layer: Callable[[Shard, int], None] | None = None,
+        before_layer: Callable[[int], None] | None = None,
     ) -> Shard:
         """Load layers [start, end) of the HF safetensors checkpoint at `path`, and nothing else.
 
         `order`: the order to load the layers in (a permutation of start..end-1; default ascending).
         `on_layer(shard, layer)` is called after each layer is loaded, on the loading thread: a
         peer serving each layer as it arrives (peer/moves.py) grows its served range there. Until
-        the last call the blocks not yet loaded are on the meta device.
+        the last call the blocks not yet loaded are on the meta device. `before_layer(layer)` is called
+        before each layer is read: a Hub peer fetches that layer's files there (shards.resolve.LayerFetcher).
         """
         path = Path(path)
         config = ModelConfig.from_pretrained(path)
@@ -92,6 +94,8 @@ class Shard(nn.Module):
             shard.quant = qformat.quant
         for layer in order:
             block = shard.blocks[layer - start]
+            if before_layer is not None:
+                before_layer(layer)
             # One layer at a time keeps peak memory near one layer's worth of temporaries.
             if qformat is None:
                 block.load_hf(config, layer, load_tensors(files, layer_names(layer), dtype, device))

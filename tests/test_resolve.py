@@ -7,17 +7,20 @@ HF_ENDPOINT points at it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
 from peer.prefetch import prefetch_in_background
+from peer.quantize_cli import write_quantized
 from shards.head import ModelHead
+from shards.quant_checkpoint import FORMAT_FILE
 from shards.resolve import (
     PREFETCH_ROOM,
     ResolveError,
+    fetcher_for_peer,
     is_hub_id,
     prefetch_layers,
     resolve_config,
@@ -48,7 +51,7 @@ def hub(hub_files, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
         yield server
 
 
-def _layer_files(weight_map: dict[str, str], layers: range) -> set[str]:
+def _layer_files(weight_map: dict[str, str], layers: Iterable[int]) -> set[str]:
     return {f for name, f in weight_map.items() if any(name.startswith(f"model.layers.{i}.") for i in layers)}
 
 
@@ -63,6 +66,43 @@ def test_peer_downloads_only_its_layers(hub: HubServer, hub_files, tiny_model: P
     shard = Shard.from_pretrained(source.path, 0, 2)
     reference = Shard.from_pretrained(tiny_model, 0, 2)
     assert shard.fingerprint == reference.fingerprint
+
+
+def test_a_layer_fetcher_brings_each_layer_s_files_as_the_load_reaches_it(hub: HubServer, hub_files,
+                                                                          tiny_model: Path) -> None:
+    """A move serves each layer as it arrives, so a Hub peer fetches a layer's files only when its load reaches
+    that layer, in the load's order: the first layer serves without waiting for the range's files."""
+    _, weight_map = hub_files
+    fetcher = fetcher_for_peer(REPO, None, (0, 4))
+    assert hub.downloaded(REPO) == {"config.json", "model.safetensors.index.json"} and not fetcher.done
+    fetched_at: dict[int, set[str]] = {}  # the layer files fetched when each layer had loaded
+
+    def loaded(shard: Shard, layer: int) -> None:
+        fetched_at[layer] = hub.downloaded(REPO) - {"config.json", "model.safetensors.index.json"}
+
+    shard = Shard.from_pretrained(fetcher.source.path, 0, 4, order=[2, 1, 3, 0], before_layer=fetcher.fetch,
+                                  on_layer=loaded)
+    assert fetched_at == {2: _layer_files(weight_map, [2]), 1: _layer_files(weight_map, [1, 2]),
+                          3: _layer_files(weight_map, [1, 2, 3]), 0: _layer_files(weight_map, range(4))}
+    assert fetcher.done and shard.fingerprint == Shard.from_pretrained(tiny_model, 0, 4).fingerprint
+    local = fetcher_for_peer(str(tiny_model), None, (0, 4))  # a local folder: nothing to fetch
+    assert local.done and local.source.path == tiny_model
+
+
+def test_a_quantized_checkpoint_by_hub_name_loads_as_quantized(tiny_model: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `swarm-peer quantize` checkpoint published on the Hub: its quantization.json comes with the weights."""
+    folder = tmp_path / "int8"
+    write_quantized(tiny_model, folder, "int8", 32, None, 0, 16, "cpu")
+    with HubServer({REPO: HubRepo(folder, COMMIT)}) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        fetcher = fetcher_for_peer(REPO, None, (0, 2))
+        assert {FORMAT_FILE, "model.safetensors"} <= server.downloaded(REPO) and fetcher.done
+    shard = Shard.from_pretrained(fetcher.source.path, 0, 2)
+    assert shard.quant == "int8" and shard.fingerprint == Shard.from_pretrained(folder, 0, 2).fingerprint
 
 
 def test_client_downloads_head_config_and_tokenizer_only(hub: HubServer, hub_files, tiny_model: Path) -> None:

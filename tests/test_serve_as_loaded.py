@@ -24,6 +24,7 @@ from peer.config import PeerConfig
 from peer.engine import ServingEngine
 from peer.server import PeerServer
 from shards.batch import BatchLayout
+from shards.resolve import resolve_for_peer
 from shards.shard import Shard
 from swarm.connection import PeerStream
 from swarm.dht import SwarmNode
@@ -170,34 +171,47 @@ def test_a_move_with_a_load_order_serves_each_layer_as_it_arrives(
     asyncio.run(scenario())
 
 
-def test_a_move_of_a_hub_model_says_downloading_until_its_files_are_in(
+def test_a_move_of_a_hub_model_serves_each_layer_as_its_files_arrive(
     tiny_model_factory, local_swarm: LocalSwarm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A peer of a Hub model whose background prefetch is not done downloads a move's files first: its records say
-    `downloading` from the load's start until the files are in (on dark layers a reaction counts it only where it
-    serves, routing.downloads); the layers then load from disk, and the grown records no longer say it."""
+    """A peer of a Hub model whose background prefetch is not done downloads a move's files a layer at a time, in its
+    load order: each layer serves once its own files are in, not the range's (shards.resolve.LayerFetcher). Its
+    records say `downloading` from the load's start until the last layer's files are in (on dark layers a reaction
+    counts it only where it serves, routing.downloads); the whole range's record no longer says it."""
     model = served_by_one_peer(tiny_model_factory, local_swarm)
     name = model.resolve().name
     weight_map = split_checkpoint(model, tmp_path / "repo")
-    layer_files = {f for n, f in weight_map.items() if any(n.startswith(f"model.layers.{i}.") for i in range(4, 8))}
+
+    def files_of(layers: range) -> set[str]:
+        return {f for n, f in weight_map.items() if any(n.startswith(f"model.layers.{i}.") for i in layers)}
 
     async def scenario(hub: HubServer) -> None:
-        async def on_served(served: LayerRange) -> None:
-            pass
+        seen: list[tuple[LayerRange, set[str]]] = []  # each served range, and the layer files fetched by then
 
-        config = PeerConfig(model, LayerRange(0, 4), name, initial_peers=tuple(local_swarm.initial_peers),
+        async def on_served(served: LayerRange) -> None:
+            seen.append((served, hub.downloaded(HUB_REPO) & files_of(range(8))))
+
+        source = resolve_for_peer(HUB_REPO, None, (0, 4))  # what swarm-peer serve fetches before it starts
+        config = PeerConfig(source.path, LayerRange(0, 4), name, initial_peers=tuple(local_swarm.initial_peers),
                             move_mode="in-place", model_repo=HUB_REPO)
         server = RecordingPeer(config, on_served)
-        async with started(server, local_swarm):
+        async with started(server, local_swarm) as (_, p2p):
             assert not server.moves_load_from_disk.is_set()  # no prefetch (fixed layers): its moves download
+            assert hub.downloaded(HUB_REPO) & files_of(range(4, 8)) == set()
             server.announced.clear()
             assert await server.migrate(LayerRange(4, 8), [7, 6, 5, 4]) is True
+            assert [(str(served), fetched) for served, fetched in seen] == [
+                (str(LayerRange(start, 8)), files_of(range(0, 4)) | files_of(range(start, 8))) for start in (7, 6, 5, 4)
+            ]  # each layer served with its own files in and the next layer's not yet fetched
             loading = [r for r in server.announced if r.loading_order]
             assert loading[0].loading_order == (7, 6, 5, 4) and loading[0].downloading  # announced as the load starts
-            grown = partial_records(server, LayerRange(4, 8)) + [r for r in server.announced if r.state is PeerState.ONLINE
-                                                                  and r.layers.start >= 4 and r.moving_to is None]
-            assert grown and not any(r.downloading for r in grown)
-            assert layer_files <= hub.downloaded(HUB_REPO)
+            partial = partial_records(server, LayerRange(4, 8))
+            assert [r.layers for r in partial] == [LayerRange(7, 8), LayerRange(6, 8), LayerRange(5, 8)]
+            assert all(r.downloading for r in partial)  # layer 4's files were still to come
+            whole = [r for r in server.announced if r.layers == LayerRange(4, 8) and r.state is PeerState.ONLINE]
+            assert whole and not any(r.downloading for r in whole)
+            session = Reference(model, await open_session(p2p, server.peer_id), 4, 8)
+            await session.check(3)  # the fetched files compute what the checkpoint computes
 
     with HubServer({HUB_REPO: HubRepo(tmp_path / "repo", HUB_COMMIT)}) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
