@@ -274,7 +274,10 @@ class _Hub:
                            commit=self.snapshot.name)
 
     def config(self) -> ModelSource:
+        """config.json and, where the repo has one, quantization.json (a `swarm-peer quantize` checkpoint:
+        the peer reads its quantization from it before it joins, the loader its tensor layout)."""
         self.file("config.json")
+        self.file(FORMAT_FILE, optional=True)
         return self.source()
 
     def weights(self, wanted) -> ModelSource:
@@ -283,10 +286,8 @@ class _Hub:
         return self.source()
 
     def weight_map(self) -> dict[str, str] | None:
-        """config.json, the index's {tensor: file} (None for a single-file checkpoint) and, where the repo
-        has one, quantization.json (a `swarm-peer quantize` checkpoint: the loader reads it)."""
+        """config() and the index's {tensor: file} (None for a single-file checkpoint)."""
         self.config()
-        self.file(FORMAT_FILE, optional=True)
         index = self.file(INDEX_NAME, optional=True)
         if index is None:
             return None

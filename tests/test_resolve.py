@@ -99,6 +99,7 @@ def test_a_quantized_checkpoint_by_hub_name_loads_as_quantized(tiny_model: Path,
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
         monkeypatch.delenv("HF_HUB_CACHE", raising=False)
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        assert (resolve_config(REPO).path / FORMAT_FILE).is_file()  # a self-placing peer's quant before it joins
         fetcher = fetcher_for_peer(REPO, None, (0, 2))
         assert {FORMAT_FILE, "model.safetensors"} <= server.downloaded(REPO) and fetcher.done
     shard = Shard.from_pretrained(fetcher.source.path, 0, 2)
