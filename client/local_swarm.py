@@ -3,7 +3,8 @@
 `LocalSwarm` starts a bootstrap DHT (`swarm-peer dht`) and peers (`swarm-peer serve`), waits for
 their machine-readable stdout lines, and kills every process it started when closed. Each
 process's stderr goes to a log file in `log_dir`; failures print its tail. Processes are stopped
-by their pid (and their helper processes by pid too), never by name.
+by their pid (and their helper processes by pid too), never by name, and the unix sockets a killed
+one leaves in the temp folder (hivemind's, multiprocessing's, torch's) are removed after it.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +29,47 @@ from swarm.launcher import launched_env
 __all__ = ["LocalSwarm", "SwarmProcess"]
 
 START_TIMEOUT = 90.0  # seconds; a peer loads weights, joins the DHT and measures itself
+# Unix sockets a process and its helpers listen on in the temp folder, which their own exit removes and a kill
+# leaves behind: p2pd's and hivemind's control sockets, multiprocessing's and torch's listeners (in folders).
+LEFT_BY_A_KILL = re.compile(r"hivemind-p2p(d|client)-[\w-]+\.sock|pymp-\w+/listener-\w+|torch-shm-dir-\w+/manager\.sock")
+
+
+def listening_sockets(processes: list[psutil.Process]) -> list[Path]:
+    """The unix sockets in the temp folder that `processes` listen on and a kill would leave (LEFT_BY_A_KILL)."""
+    temp = Path(tempfile.gettempdir())
+    sockets = set()
+    for process in processes:
+        try:
+            listening = process.net_connections(kind="unix")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        for connection in listening:
+            path = Path(connection.laddr) if isinstance(connection.laddr, str) and connection.laddr else None
+            if path is not None and path.is_relative_to(temp) and \
+                    LEFT_BY_A_KILL.fullmatch(path.relative_to(temp).as_posix()):
+                sockets.add(path)
+    return sorted(sockets)
+
+
+@dataclass
+class Remains:
+    """What a stopped process may leave: its helper processes (DHT child, p2pd) and unix sockets."""
+
+    helpers: list[psutil.Process]
+    sockets: list[Path]
+
+    def clear(self) -> None:
+        """Kill the helpers still alive and remove the sockets (and their folder, once empty)."""
+        for helper in self.helpers:
+            with contextlib.suppress(psutil.Error):
+                helper.kill()
+        temp = Path(tempfile.gettempdir())
+        for socket in self.sockets:
+            with contextlib.suppress(OSError):
+                socket.unlink()
+            if socket.parent != temp:
+                with contextlib.suppress(OSError):
+                    socket.parent.rmdir()  # only when empty
 
 
 @dataclass
@@ -79,9 +123,9 @@ class SwarmProcess:
 
     def stop(self, timeout: float = 15.0) -> int:
         """SIGTERM, then SIGKILL if it does not exit in time; returns the exit code."""
-        helpers = self.descendants()
+        remains = self.remains()
         self.terminate()
-        return self._reap(helpers, timeout)
+        return self._reap(remains, timeout)
 
     def terminate(self) -> None:
         """Ask it to stop (SIGTERM: a peer drains, announces OFFLINE and exits) without waiting."""
@@ -89,16 +133,14 @@ class SwarmProcess:
             self.signal(signal.SIGCONT)  # a paused process cannot handle SIGTERM
             self.signal(signal.SIGTERM)
 
-    def _reap(self, helpers: list[psutil.Process], timeout: float) -> int:
-        """Wait up to `timeout` s for the exit (SIGKILL after), then kill what it left behind."""
+    def _reap(self, remains: Remains, timeout: float) -> int:
+        """Wait up to `timeout` s for the exit (SIGKILL after), then clear what it left behind."""
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
-        for helper in helpers:  # whatever the clean exit did not take down
-            with contextlib.suppress(psutil.NoSuchProcess):
-                helper.kill()
+        remains.clear()  # whatever the clean exit did not take down
         return code
 
     def descendants(self) -> list[psutil.Process]:
@@ -107,16 +149,22 @@ class SwarmProcess:
         except psutil.NoSuchProcess:
             return []
 
+    def remains(self) -> Remains:
+        """Its helpers and the sockets they all listen on, read while they live (a kill leaves them)."""
+        helpers = self.descendants()
+        processes = list(helpers)
+        with contextlib.suppress(psutil.NoSuchProcess):  # our child: its pid stays ours until we wait on it
+            processes.insert(0, psutil.Process(self.proc.pid))
+        return Remains(helpers, listening_sockets(processes))
+
     def kill(self) -> None:
         """kill -9 the peer and its helpers (DHT child, p2pd): a machine that vanished."""
-        helpers = self.descendants()
+        remains = self.remains()
         self.signal(signal.SIGCONT)
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        for helper in helpers:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                helper.kill()
+        remains.clear()
 
 
 class LocalSwarm:
@@ -169,12 +217,12 @@ class LocalSwarm:
         (their drains and OFFLINE announcements overlap) and waits up to `timeout` s in total."""
         processes = list(reversed(self.processes))
         if graceful:
-            helpers = [p.descendants() for p in processes]
+            remains = [p.remains() for p in processes]
             for process in processes:
                 process.terminate()
             deadline = time.monotonic() + timeout
-            for process, its_helpers in zip(processes, helpers):
-                process._reap(its_helpers, max(0.1, deadline - time.monotonic()))
+            for process, its_remains in zip(processes, remains):
+                process._reap(its_remains, max(0.1, deadline - time.monotonic()))
         else:
             for process in processes:
                 process.kill()

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from client.local_swarm import Remains, listening_sockets
 from swarm.dht import SwarmNode
 from swarm.launcher import LAUNCHER_ENV, ORPHAN_GRACE_S, exit_with_launcher, launched_env
 
@@ -43,11 +44,11 @@ def _count_p2pd(procs: list[psutil.Process]) -> int:
 
 
 def _helpers_when_up(pid: int, timeout: float = 90.0) -> list[psutil.Process]:
-    """Descendants of `pid` once its p2pd runs (the DHT node is up)."""
+    """Descendants of `pid` once its p2pd runs and listens (the DHT node is up)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         helpers = psutil.Process(pid).children(recursive=True)
-        if any(h.name() == "p2pd" for h in helpers):
+        if any(h.name() == "p2pd" and listening_sockets([h]) for h in helpers):
             return helpers
         time.sleep(0.2)
     raise TimeoutError(f"process {pid} started no p2pd within {timeout} s")
@@ -55,14 +56,13 @@ def _helpers_when_up(pid: int, timeout: float = 90.0) -> list[psutil.Process]:
 
 def _kill_and_check(pid: int, helpers: list[psutil.Process]) -> None:
     assert {h.name() for h in helpers} >= {"p2pd"}, helpers
+    remains = Remains(helpers, listening_sockets([psutil.Process(pid), *helpers]))
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + GONE_WITHIN
     while any(_alive(h) for h in helpers) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = [f"{h.pid}:{h.name()}" for h in helpers if _alive(h)]
-    for h in helpers:  # never leave them to the next test, whatever the outcome
-        with contextlib.suppress(psutil.Error):
-            h.kill()
+    remains.clear()  # never leave them to the next test, whatever the outcome
     assert not left, f"still running {GONE_WITHIN} s after kill -9 of their parent: {left}"
 
 
@@ -92,6 +92,19 @@ def test_kill_9_of_swarm_peer_serve_leaves_nothing(local_swarm, tiny_model) -> N
 
 
 @pytest.mark.slow
+def test_local_swarm_removes_the_sockets_a_killed_peer_leaves(local_swarm, tiny_model) -> None:
+    """A kill -9 leaves p2pd's and hivemind's unix sockets in the temp folder (their own exit removes
+    them): LocalSwarm, which killed it, removes them, so test runs and demos do not pile them up."""
+    peer = local_swarm.start_peer(tiny_model, "0:2")
+    remains = peer.remains()
+    names = [socket.name for socket in remains.sockets]
+    assert any(n.startswith("hivemind-p2pd-") for n in names) and any(n.startswith("hivemind-p2pclient-") for n in names)
+    assert all(socket.exists() for socket in remains.sockets)
+    peer.kill()
+    assert [socket for socket in remains.sockets if socket.exists()] == []
+
+
+@pytest.mark.slow
 def test_kill_9_of_swarm_monitor_leaves_nothing(swarm_node_factory, tmp_path) -> None:
     bootstrap = swarm_node_factory()
     _run_and_kill(["client.monitor.cli", "--initial-peers", bootstrap.visible_maddrs()[0], "--port", "0"], tmp_path)
@@ -100,11 +113,14 @@ def test_kill_9_of_swarm_monitor_leaves_nothing(swarm_node_factory, tmp_path) ->
 def test_p2pd_dies_with_a_killed_dht_child(swarm_node_factory) -> None:
     node: SwarmNode = swarm_node_factory()
     helpers = _helpers_when_up(node.dht.pid, timeout=10)
+    sockets = listening_sockets([psutil.Process(node.dht.pid), *helpers])
     os.kill(node.dht.pid, signal.SIGKILL)
     deadline = time.monotonic() + GONE_WITHIN
     while any(_alive(h) for h in helpers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [h for h in helpers if _alive(h)], "p2pd outlived its DHT process"
+    left = [h for h in helpers if _alive(h)]
+    Remains(helpers, sockets).clear()
+    assert not left, "p2pd outlived its DHT process"
 
 
 # A demo or test run in miniature: starts a DHT node and a peer through LocalSwarm, prints their pids
@@ -137,11 +153,13 @@ def test_processes_a_killed_launcher_started_stop_with_their_helpers(tiny_model,
                                     stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
                                     start_new_session=True)
         started: list[psutil.Process] = []
+        sockets: list[Path] = []
         try:
             pids = _first_line(launcher, 120.0).split()
             assert len(pids) == 2, f"the launcher started no swarm: {(tmp_path / 'launcher.log').read_text()[-2000:]}"
             started = [psutil.Process(int(pid)) for pid in pids]
             started += [helper for process in started for helper in _helpers_when_up(process.pid)]
+            sockets = listening_sockets(started)
             os.kill(launcher.pid, signal.SIGKILL)
             deadline = time.monotonic() + ORPHAN_GRACE_S + GONE_WITHIN
             while any(_alive(p) for p in started) and time.monotonic() < deadline:
@@ -149,9 +167,7 @@ def test_processes_a_killed_launcher_started_stop_with_their_helpers(tiny_model,
             left = [f"{p.pid}:{p.name()}" for p in started if _alive(p)]
             assert not left, f"still running {ORPHAN_GRACE_S + GONE_WITHIN} s after kill -9 of their launcher: {left}"
         finally:
-            for process in started:  # never leave them to the next test, whatever the outcome
-                with contextlib.suppress(psutil.Error):
-                    process.kill()
+            Remains(started, sockets).clear()  # never leave them to the next test, whatever the outcome
             launcher.kill()
             launcher.wait()
 
@@ -170,7 +186,9 @@ def test_only_a_process_started_by_its_launcher_watches_it(monkeypatch) -> None:
 # the process that ran it, here only this script's.
 _KILLED_HOLDING_A_LOCK = """
 import os, signal, time
+import psutil
 from hivemind.utils.mpfuture import MPFuture
+from client.local_swarm import Remains, listening_sockets
 from swarm.dht import SwarmNode
 
 async def take_the_reply_lock(dht, node):
@@ -182,8 +200,11 @@ deadline = time.monotonic() + 10
 while time.monotonic() < deadline and MPFuture._update_lock.acquire(timeout=0.1):
     MPFuture._update_lock.release()  # not taken yet
 assert time.monotonic() < deadline, "the DHT child never took the lock: nothing is tested"
+child = psutil.Process(first.dht.pid)
+sockets = listening_sockets([child, *child.children(recursive=True)])
 os.kill(first.dht.pid, signal.SIGKILL)
 first.dht.join(10)
+Remains([], sockets).clear()  # the kill left them
 second = SwarmNode(start_timeout=20)
 print("second node ready", second.peer_id != first.peer_id)
 second.shutdown()
