@@ -90,7 +90,7 @@ class LayerFetcher:
     """
 
     source: ModelSource
-    files_of_layer: dict[int, tuple[str, ...]] = field(default_factory=dict)  # the layers still to fetch
+    files_of_layer: dict[int, tuple[str, ...]] = field(default_factory=dict)  # files not in the cache, by layer
     hub: _Hub | None = None
     fetched: set[str] = field(default_factory=set)
 
@@ -115,11 +115,12 @@ def fetcher_for_peer(name: str, revision: str | None, layers: tuple[int, int]) -
         if weight_map is None:
             hub.file(SINGLE_FILE)
             return LayerFetcher(hub.source())
+        source = hub.source()
         files: dict[int, set[str]] = {}
         for tensor, file in weight_map.items():
-            if _in_layers(tensor, layers):
+            if _in_layers(tensor, layers) and not (source.path / file).is_file():  # a cached file is this commit's
                 files.setdefault(_layer_of(tensor), set()).add(file)
-        return LayerFetcher(hub.source(), {layer: tuple(sorted(f)) for layer, f in files.items()}, hub)
+        return LayerFetcher(source, {layer: tuple(sorted(f)) for layer, f in files.items()}, hub)
 
     return _Hub.or_local(name, revision, start, local=LayerFetcher)
 

@@ -85,6 +85,9 @@ def test_a_layer_fetcher_brings_each_layer_s_files_as_the_load_reaches_it(hub: H
     assert fetched_at == {2: _layer_files(weight_map, [2]), 1: _layer_files(weight_map, [1, 2]),
                           3: _layer_files(weight_map, [1, 2, 3]), 0: _layer_files(weight_map, range(4))}
     assert fetcher.done and shard.fingerprint == Shard.from_pretrained(tiny_model, 0, 4).fingerprint
+    hub.requests.clear()
+    again = fetcher_for_peer(REPO, None, (1, 3))  # cached files: nothing to fetch, and none asked about
+    assert again.done and not any(name in path for _, path in hub.requests for name in _layer_files(weight_map, [1, 2]))
     local = fetcher_for_peer(str(tiny_model), None, (0, 4))  # a local folder: nothing to fetch
     assert local.done and local.source.path == tiny_model
 
