@@ -360,9 +360,9 @@ class PeerServer(Moves):
         # Announced while loading, so the next loader of a dark stretch starts where this one arrives
         # last (routing.move_load_order).
         loading_order = self.still_to_load[:MAX_LOADING_ORDER] if self.loading is not None else ()
-        # A load that fetches its files over the network (a Hub model whose prefetch is not done, until its last
-        # layer's files are in: each layer's come as the load reaches it) says so: on dark layers a reaction counts it only where it
-        # serves, and disk loaders refill the rest (routing.downloads).
+        # A load that fetches its files over the network (a Hub model whose prefetch is not done, until its
+        # last layer's files are in: each layer's come as the load reaches it) says so: on dark layers a
+        # reaction counts it only where it serves, and disk loaders refill the rest (routing.downloads).
         downloading = (bool(loading_order) and cfg.model_repo is not None and not self.moves_load_from_disk.is_set()
                        and self.fetched != self.loading)
         return PeerRecord(

@@ -2,8 +2,9 @@
 
 A peer needs config.json and only the safetensors files holding its layers (found through the
 index's weight map), fetched a layer at a time as its load reaches each (LayerFetcher: a move
-serves each layer as it arrives, so it need not wait for the whole range's files); a client needs config.json, the tokenizer and generation config files and
-the files holding the embeddings, final norm and LM head. Both go through `huggingface_hub`'s
+serves each layer as it arrives, so it need not wait for the whole range's files); a client
+needs config.json, the tokenizer and generation config files and the files holding the
+embeddings, final norm and LM head. Both go through `huggingface_hub`'s
 cache, so a second start reads from disk. A self-placing peer may fetch every layer's files once
 it serves (prefetch_layers), so its later moves read them from disk too. `HF_HOME` /
 `HF_HUB_CACHE`, `HF_ENDPOINT`, `HF_HUB_OFFLINE` and `HF_TOKEN` are honoured, read at call time
