@@ -8,7 +8,8 @@ the event that changed it; `benchmarks/sim_dips.py` reads the file and splits th
 run's median by cause and lists the deep dips (docs/balancing.md, twenty-sixth session).
 
 One JSON line per change: {"t": seconds, "flow": max flow / bound, "cause": kind, "detail": text,
-"bottleneck": the first layer the greedy cannot feed just above that flow, or -1}.
+"bottleneck": the first layer the greedy cannot feed just above that flow, or -1}, and "uncovered":
+the count of layers nobody serves, standbys included (a coverage gap), on the lines where it is not 0.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class TracePoint:
     cause: str  # one of CAUSES: the event since the last point that changed what is served
     detail: str  # which peer and layers (a crash: "peer000936 k=16 9936:9952 seen 6.5 s", when the watch saw it)
     bottleneck: int  # routing.flow.bottleneck_layer of the served placement; -1 at 0 flow
+    uncovered: int = 0  # layers no GPU peer nor standby serves: a coverage gap while not 0
 
 
 class FlowTrace:
@@ -59,12 +61,13 @@ class FlowTrace:
 
     def observe(self, now: float, signature: tuple[float, ...], dark: bool,
                 served: Callable[[], list[tuple[LayerRange, float]]], num_layers: int,
-                bound: Callable[[], float]) -> None:
+                bound: Callable[[], float], uncovered: int = 0) -> None:
         """Add a point if what is served changed since the last one. `signature` is a cheap summary of it
         (the simulator's: the summed per-layer throughput, the count of layers no GPU peer serves and of
         peers, whose capacity is the bound), so
         the placement (`served`) and the capacity bound are built only then; `dark`: some layer has no
-        GPU server (the flow is 0)."""
+        GPU server (the flow is 0); `uncovered`: how many layers nobody serves, standbys included (the
+        signature must change with it)."""
         if signature == self._signature:
             return
         self._signature = signature
@@ -73,7 +76,7 @@ class FlowTrace:
         capacity = bound()
         cause = self._cause if self.points else "other"  # the first point is where the trace starts
         self.points.append(TracePoint(now, flow / capacity if capacity else 0.0, cause, self._detail,
-                                      -1 if bottleneck is None else bottleneck))
+                                      -1 if bottleneck is None else bottleneck, uncovered))
         self._cause, self._detail = "other", ""
 
     def branch(self, now: float, path: Path) -> FlowTrace:
@@ -82,7 +85,8 @@ class FlowTrace:
         other = FlowTrace(path)
         if self.points:
             last = self.points[-1]
-            other.points.append(TracePoint(now, last.flow, "other", "the branch starts", last.bottleneck))
+            other.points.append(TracePoint(now, last.flow, "other", "the branch starts", last.bottleneck,
+                                           last.uncovered))
         other._signature = self._signature
         return other
 
@@ -90,14 +94,17 @@ class FlowTrace:
         """Close the trace at `end` (the last point's flow held until then) and write the file."""
         if self.points:
             last = self.points[-1]
-            self.points.append(TracePoint(end, last.flow, "end", "", last.bottleneck))
+            self.points.append(TracePoint(end, last.flow, "end", "", last.bottleneck, last.uncovered))
         self.write()
 
     def write(self) -> None:
         with self.path.open("w") as out:
             for p in self.points:
-                out.write(json.dumps({"t": round(p.t, 3), "flow": round(p.flow, 5), "cause": p.cause,
-                                      "detail": p.detail, "bottleneck": p.bottleneck}) + "\n")
+                line = {"t": round(p.t, 3), "flow": round(p.flow, 5), "cause": p.cause, "detail": p.detail,
+                        "bottleneck": p.bottleneck}
+                if p.uncovered:
+                    line["uncovered"] = p.uncovered
+                out.write(json.dumps(line) + "\n")
 
 
 def window_mean(points: list[TracePoint], start: float, end: float) -> float:
@@ -122,5 +129,5 @@ def read_trace(path: Path) -> list[TracePoint]:
         if line.strip():
             raw = json.loads(line)
             points.append(TracePoint(float(raw["t"]), float(raw["flow"]), str(raw["cause"]), str(raw["detail"]),
-                                     int(raw["bottleneck"])))
+                                     int(raw["bottleneck"]), int(raw.get("uncovered", 0))))
     return points

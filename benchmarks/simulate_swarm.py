@@ -944,9 +944,10 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     while events and events[0][0] <= end:
         now, _, kind, pid, gen = heapq.heappop(events)
         if tracer is not None and now >= start:  # what the events before this one left served, since the last
-            tracer.observe(max(last, start), (sum(swarm.online_thr), swarm.gpu_uncovered, len(peers)), bool(swarm.gpu_uncovered),
+            tracer.observe(max(last, start), (sum(swarm.online_thr), swarm.gpu_uncovered, len(peers), swarm.uncovered),
+                           bool(swarm.gpu_uncovered),
                            lambda: _placement([q for q in peers.values() if q.served is not None], cfg.growing_share),
-                           num_layers, lambda: sum(q.thr * q.k for q in peers.values()) / num_layers)
+                           num_layers, lambda: sum(q.thr * q.k for q in peers.values()) / num_layers, swarm.uncovered)
         if brancher is not None and now >= brancher.next_at:
             branch_here(now)
         dt = now - last

@@ -54,6 +54,19 @@ def test_every_drop_of_the_flow_is_put_down_to_a_named_event(tmp_path: Path) -> 
     assert "below the median" in text and "crash" in text and "before the crash was seen" in text
 
 
+def test_the_trace_marks_every_coverage_gap(tmp_path: Path) -> None:
+    """Lines with "uncovered" are the time some layer had no server at all, standbys included: summed, the
+    run's uncovered time, so a gap can be traced to the events around it."""
+    path = tmp_path / "trace.jsonl"
+    # Seed 3, every departure a crash: one 15-s gap that the standbys did not cover.
+    r = simulate(SimConfig(**dict(CASE, graceful=0.0, seed=3), route_period_s=600.0, trace=str(path)))
+    points = read_trace(path)
+    gap_time = sum(b.t - a.t for a, b in zip(points, points[1:]) if a.uncovered)
+    assert r.gaps_opened >= 1 and gap_time > 0
+    assert abs(gap_time - (1 - r.coverage_time_fraction) * 3600) < 1e-6 * 3600, (gap_time, r.coverage_time_fraction)
+    assert all(p.flow == 0 for p in points if p.uncovered)  # a layer nobody serves: no GPU peer either
+
+
 def test_sim_dips_names_the_fix_for_a_missing_trace(tmp_path: Path) -> None:
     missing = tmp_path / "none.jsonl"
     out = subprocess.run([sys.executable, "-m", "benchmarks.sim_dips", str(missing)], cwd=ROOT,
