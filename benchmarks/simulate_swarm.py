@@ -130,6 +130,7 @@ from pathlib import Path
 from benchmarks.sim_branches import Brancher, BranchSpec, apply_overrides, validate
 from benchmarks.sim_optimum import optimum_bracket, profile_placement
 from benchmarks.sim_report import SimResult, format_table, plot
+from benchmarks.sim_standby_round import StandbyScores
 from benchmarks.sim_swarm_state import (
     SimPeer,
     SwarmArrays,
@@ -156,7 +157,7 @@ from routing import (
 )
 from routing.flow import bottleneck_layer, max_flow_of
 from routing.flow_move import MOVER_SHARE_GAIN, flow_move_gain
-from routing.move_gate import strength_move_pays
+from routing.move_gate import seconds_a_lone_layer, strength_move_pays
 from routing.spread import flow_weights, full_flows
 from routing.standby import STANDBY_MARGIN, exposure, load_order
 from swarm.types import LayerRange, PeerRecord, PeerState, SwarmView
@@ -261,6 +262,10 @@ class SimConfig:
     # A periodic check's strength move goes only when it gives a lone layer a second server or raises the
     # max flow (routing.move_gate); False: every strength move goes (the rule before the twenty-ninth session).
     strength_gate: bool = True
+    # A periodic check's strength move waits this long after the peer's last move (reactions never wait);
+    # 0: no wait (the rule now). A sensitivity for the move budget: flow moves wait FLOW_MOVE_COOLDOWN_S.
+    strength_move_cooldown_s: float = 0.0
+    strength_wait_all: bool = False  # the wait holds every such move, also one that seconds a lone layer
     # Whether a flow move searches every window (routing.flow_move): "always" as the peer does, "never"
     # (the lowest-total window holding the bottleneck, if it reaches the aim: the rule before the twenty-eighth session).
     flow_move_search: str = "always"
@@ -512,24 +517,22 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         ready = [sb for sb in standbys.values() if sb.serving is not None]
         standby_rng.shuffle(ready)
         guarded = guards()
-        best = _best_standby_scores(servers, guarded, {sb.k for sb in ready}, cfg.standby_pair_weight)
+        sizes = {sb.k for sb in ready}
+        scores = StandbyScores(servers, guarded, sizes, cfg.standby_pair_weight)
         for sb in ready:
-            if best[sb.k] < max(1.0, STANDBY_MARGIN * sb.k) and not (cfg.standby_idle_moves and best[sb.k] >= 1.0
-                                                                     and idle(sb, servers, guarded)):
+            best = scores.best[min(sb.k, num_layers)]
+            if best < max(1.0, STANDBY_MARGIN * sb.k) and not (cfg.standby_idle_moves and best >= 1.0
+                                                               and idle(sb, servers, guarded)):
                 continue
             if cfg.standby_stays_in_use and any(swarm.online_n[layer] == 0 for layer in range(sb.serving.start, sb.serving.end)):
                 continue  # it carries sessions (no live GPU server there): it stays, whatever the view lists
-            others = guarded[:]
-            hosted = useless(sb)
-            for layer in range(sb.layers.start, sb.layers.end):
-                others[layer] -= not hosted[layer]  # itself, where it counts as a guard
-            target = standby_window(servers, others, sb.k, sb.layers, hosted, cfg.standby_pair_weight,
-                                    cfg.standby_idle_moves)
+            # standby_window, itself left out of its own layers' guards, its host's layers useless to it
+            target = scores.window_for(sb.k, sb.layers, host_layers(sb), cfg.standby_idle_moves)
             if target is not None:
                 place_standby(sb, target, now, False, move_load_s(sb, now))
                 standby_moves += 1
                 guarded = guards()
-                best = _best_standby_scores(servers, guarded, {q.k for q in ready}, cfg.standby_pair_weight)
+                scores = StandbyScores(servers, guarded, sizes, cfg.standby_pair_weight)
 
     def idle(sb: SimPeer, servers: list[int], guarded: list[int]) -> bool:
         """Does standby sb guard nothing where it is (no layer of its window exposed without it)?"""
@@ -728,6 +731,10 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         # runs with standbys almost never see, and it would make the GPU peers' run depend on them.
         target = plan_move(others, online, p.layers, p.thr, cfg.quality, counted, discount=cfg.sole_discount,
                            guarded=guarded, others_staying=staying, thin_limit=swarm.thin_limit(), crossing=crossing)
+        if (target is not None and not reacting and p.moved_at is not None
+                and now - p.moved_at < cfg.strength_move_cooldown_s
+                and (cfg.strength_wait_all or not seconds_a_lone_layer(p.layers, target, swarm.counted))):
+            target = None
         if target is not None and cfg.strength_gate and not reacting:
             # A periodic check's strength move goes only when it pays (routing.move_gate).
             if not strength_move_pays(placed_without(p), num_layers, p.layers, target, p.thr * p.k, swarm.counted,
@@ -1203,17 +1210,6 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     )
 
 
-def _best_standby_scores(servers: list[int], standbys: list[int], sizes: set[int],
-                         pair_weight: float = 0.0) -> dict[int, float]:
-    """Per standby size k, the best standby_window score with every standby counted (a bound on any
-    standby's gain from moving: leaving its own place adds at most what it guards there)."""
-    prefix = [0.0]
-    for value in exposure(servers, standbys, pair_weight):
-        prefix.append(prefix[-1] + value)
-    n = len(servers)
-    return {k: max(prefix[s + min(k, n)] - prefix[s] for s in range(n - min(k, n) + 1)) for k in sizes}
-
-
 def _balance_arrays(swarm: SwarmArrays, k: int, cfg: SimConfig, counts: list[int] | None) -> tuple[list[float], list[int] | None]:
     """(per-layer throughput, counts) a peer of k layers balances on (shared lists: copy before changing)."""
     if not cfg.tiered:
@@ -1383,6 +1379,12 @@ def main(argv: list[str] | None = None) -> SimResult:
                          "(routing.MOVER_SHARE_GAIN; 2 with --flow-move-cooldown 4500 is the rule before)")
     ap.add_argument("--flow-move-cooldown", type=float, default=FLOW_MOVE_COOLDOWN_S,
                     help="seconds after its last move before a peer may make a flow move (routing.FLOW_MOVE_COOLDOWN_S)")
+    ap.add_argument("--strength-move-cooldown", type=float, default=0.0,
+                    help="seconds after its last move before a periodic check's strength move may go (reactions "
+                         "never wait; 0: no wait, the peer's rule)")
+    ap.add_argument("--strength-wait-all", action="store_true",
+                    help="--strength-move-cooldown holds every periodic strength move, also one that gives a layer "
+                         "with one server its second (by default those go at once)")
     ap.add_argument("--standby-moves-in-use", action="store_true",
                     help="a standby may move while it is some layer's last live server (the rule before)")
     ap.add_argument("--small-first-always", action="store_true",
@@ -1510,6 +1512,7 @@ def main(argv: list[str] | None = None) -> SimResult:
                     guard_discount=not a.no_guard_discount, route_period_s=a.route_period, flow_moves=not a.no_flow_moves,
                     flow_move_search=a.flow_move_search, strength_gate=not a.ungated_strength_moves,
                     flow_move_gain=a.flow_move_gain, flow_move_cooldown_s=a.flow_move_cooldown,
+                    strength_move_cooldown_s=a.strength_move_cooldown, strength_wait_all=a.strength_wait_all,
                     mover_share_gain=a.mover_share_gain,
                     crash_watch=not a.no_crash_watch, vanished_share=a.vanished_share,
                     vanished_seen_s=a.vanished_seen_s, watch_period_s=a.watch_period, crash_push=not a.no_crash_push,

@@ -41,10 +41,16 @@ def strength_move_pays(others: list[tuple[LayerRange, float]], num_layers: int, 
     included); `flow_now`: the max flow of the whole placement (flow_move.swarm_flow), this peer at
     `current`; `my_capacity`: its layer-tokens/s.
     """
-    if any(servers[layer] <= 1 for layer in range(target.start, target.end) if not current.start <= layer < current.end):
+    if seconds_a_lone_layer(current, target, servers):
         return True
     after = max_flow_of([*others, (target, my_capacity)], num_layers, FLOW_TOLERANCE)  # swarm_flow's, no bottleneck
     return after > flow_now * (1 + GATE_MARGIN)
+
+
+def seconds_a_lone_layer(current: LayerRange, target: LayerRange, servers: Sequence[int]) -> bool:
+    """Does a move from `current` to `target` give a second server to a layer that has at most one
+    (`servers`: per-layer counts, the mover included)?"""
+    return any(servers[layer] <= 1 for layer in range(target.start, target.end) if not current.start <= layer < current.end)
 
 
 def strength_move_pays_in(view: SwarmView, me: str, target: LayerRange, my_throughput: float | None = None,

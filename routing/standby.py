@@ -110,8 +110,12 @@ def exposure(servers: Sequence[int], standbys: Sequence[int], pair_weight: float
     """Per-layer score of standby_window: EXPOSED_GAP for a layer nobody serves, 1 for a
     sole-served one, `pair_weight` for an unguarded one two peers serve (one departure from
     sole-served), 0 when a standby guards it or more peers serve it."""
-    return [0.0 if standby else EXPOSED_GAP if n == 0 else 1.0 if n == 1 else pair_weight if n == 2 else 0.0
-            for n, standby in zip(servers, standbys)]
+    return [layer_exposure(n, standby, pair_weight) for n, standby in zip(servers, standbys)]
+
+
+def layer_exposure(servers: int, standbys: int, pair_weight: float = 0.0) -> float:
+    """exposure of one layer that `servers` peers serve and `standbys` other standbys guard."""
+    return 0.0 if standbys else EXPOSED_GAP if servers == 0 else 1.0 if servers == 1 else pair_weight if servers == 2 else 0.0
 
 
 def standby_layers(view: SwarmView, me: str, num_layers: int, machines: Mapping[str, str] | None = None) -> LayerRange | None:
