@@ -40,6 +40,9 @@ class SimResult:
     # Layers one crash from dark, each simulated minute: at most one staying GPU server and no
     # standby serving them yet (one loading does not count), time mean.
     exposed_layers_mean: float = 0.0
+    # Layers two crashes from dark, sampled the same way: exactly two staying GPU servers and no standby
+    # serving them (two failures inside one detection window darken them; --standby-pair-weight guards them).
+    pair_exposed_layers_mean: float = 0.0
     moves_from_memory: int = 0  # moves that loaded layers their peer had read into memory (--pre-read)
     checks_as_reactions: int = 0  # periodic balance checks that saw a gap and decided as reactions, after their delay
     refills_past_downloads: int = 0  # reactions onto layers only downloading loaders held (downloads_count_as_dark)
@@ -71,6 +74,7 @@ def format_table(r: SimResult) -> str:
         ("sole servers (mean peers) / gaps opened (mean s)",
          f"{r.sole_servers_mean:.1f} / {r.gaps_opened} ({_gap_s(r):.0f} s)"),
         ("exposed layers (one crash from dark, no ready standby; mean)", f"{r.exposed_layers_mean:.2f}"),
+        ("pair-exposed layers (two servers, no ready standby; mean)", f"{r.pair_exposed_layers_mean:.1f}"),
         ("standbys (mean) / their moves / time served by standbys alone",
          f"{r.standbys_mean:.0f} / {r.standby_moves} / {r.standby_only_time_fraction:.3%}"),
         ("plan_route time (mean) / failed", f"{(r.route_plan_ms_mean or 0):.1f} ms / {r.routes_failed}"),

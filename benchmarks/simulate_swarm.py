@@ -947,6 +947,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
     drain_started: dict[str, float] = {}
     sole_counts: list[int] = []
     exposed_counts: list[int] = []
+    pair_exposed_counts: list[int] = []
 
     while events and events[0][0] <= end:
         now, _, kind, pid, gen = heapq.heappop(events)
@@ -973,7 +974,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
             moves_from_memory = checks_as_reactions = refills_past_downloads = 0
             uncovered_time = uncovered_layer_time = peer_seconds = standby_only_time = standby_seconds = 0.0
             for values in (ratios, route_costs, route_hops, plan_ms, drain_s, flow_ratios, spread_ratios,
-                           load_spreads, sole_counts, exposed_counts):
+                           load_spreads, sole_counts, exposed_counts, pair_exposed_counts):
                 values.clear()
             swarm.gaps_opened = 0
         elif kind == "arrive":
@@ -1120,6 +1121,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
             series["sole_layers"].append(swarm.staying_n.count(1))
             series["memory_ratio"].append(round(sum(q.k for q in peers.values() if not q.draining) / num_layers, 4))
             exposed_counts.append(sum(1 for n, ready in zip(swarm.staying_n, swarm.standby_n) if n <= 1 and not ready))
+            pair_exposed_counts.append(sum(1 for n, ready in zip(swarm.staying_n, swarm.standby_n) if n == 2 and not ready))
             sole_counts.append(sum(1 for q in peers.values() if not q.draining and q.served is not None
                                    and 1 in swarm.staying_n[q.served.start:q.served.end]))
         elif kind == "route":
@@ -1206,6 +1208,7 @@ def _simulate(cfg: SimConfig, in_branch: list[bool]) -> SimResult:
         standby_moves=standby_moves,
         wall_s=time.perf_counter() - wall0,
         exposed_layers_mean=mean([float(n) for n in exposed_counts]) or 0.0,
+        pair_exposed_layers_mean=mean([float(n) for n in pair_exposed_counts]) or 0.0,
         series=series,
     )
 

@@ -736,3 +736,19 @@ def test_a_reactions_first_deciders_load_a_step_sooner_without_waiting_it(tmp_pa
                                  if p.cause == "move_react" and p.detail.endswith("(its load starts)"))
         assert starts[0].detail == starts[1].detail, seed  # the same peer's same move
         assert starts[1].t - starts[0].t == pytest.approx(REACT_DELAY_PER_LAYER_S, abs=2e-3), seed
+
+
+def test_standbys_weighing_two_server_layers_leave_fewer_of_them_unguarded() -> None:
+    """--standby-pair-weight (routing.standby.exposure): a standby with no sole-served layer to guard
+    also weighs unguarded two-server layers, which two failures inside one detection window would
+    darken (docs/balancing.md, forty-eighth session). 60 peers at 2x, seeds 0-3: the time mean of such
+    layers falls on every seed (e.g. 49.3 -> 26.2), 360 -> 316 summed."""
+    summed = {0.0: 0.0, 0.25: 0.0}
+    for seed in (0, 1, 2, 3):
+        cfg = dict(peers=60, hours=1.0, seed=seed, churn=0.1, redundancy=2.0, graceful=0.5, standby_share=0.3,
+                   move_load_s_per_layer=2.0, standby_by_layer=True)
+        plain, pairs = simulate(SimConfig(**cfg)), simulate(SimConfig(**cfg, standby_pair_weight=0.25))
+        assert pairs.pair_exposed_layers_mean < plain.pair_exposed_layers_mean
+        for weight, r in ((0.0, plain), (0.25, pairs)):
+            summed[weight] += r.pair_exposed_layers_mean
+    assert summed[0.25] < 0.95 * summed[0.0], summed
