@@ -33,7 +33,6 @@ class StandbyScores:
         prefix = [0.0]
         for value in exposure(servers, guarded, pair_weight):
             prefix.append(prefix[-1] + value)
-        self._prefix = prefix
         self.best: dict[int, float] = {}  # per window size: the best score of any window (a bound on any move)
         self._best_starts: dict[int, list[int]] = {}  # ... and the starts of the windows that reach it, ascending
         for k in set(sizes):

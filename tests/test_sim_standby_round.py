@@ -48,9 +48,10 @@ def test_every_standby_gets_standby_windows_answer(case: tuple) -> None:
         servers, guarded, k, current, hosted, pair_weight, idle_moves)
 
 
-def test_a_tie_outside_is_taken_at_the_lowest_start_and_a_better_window_inside_wins() -> None:
-    # 20 layers, all pairs unguarded but for the standby's own 12:16; the round's best 4-layer windows
-    # (four pairs: 1.0 at 0.25 each) lie everywhere, so a standby with nothing exposed under it goes to 0:4.
+def test_a_standby_moves_only_for_a_gain_and_then_to_the_lowest_of_the_tied_best_windows() -> None:
+    # 20 layers, all pairs, unguarded but for the standby's own 12:16; the round's best 4-layer windows
+    # (four pairs: 1.0 at 0.25 each) lie everywhere: 1.0 more than where it is, never enough to move
+    # from a place that guards something, enough from one that guards nothing, to the lowest start.
     servers, guarded = [2] * 20, [0] * 20
     for layer in range(12, 16):
         guarded[layer] = 1
